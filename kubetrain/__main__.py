@@ -1,0 +1,5 @@
+import sys
+
+from kubetrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""The prepared-dataset folder: what dataset prep writes and the trainer and evaluate read.
+
+Layout (format ``kubetrain.dataset/v1``)::
+
+    DIR/manifest.json        counts, classes, sample shape, normalisation, sha256 of each file
+    DIR/train.safetensors    x: float32 [N, *sample_shape] (already normalised), y: int64 [N]
+    DIR/test.safetensors     same, the held-out split
+
+The folder is published atomically: it either does not exist or is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kubetrain import atomic
+from kubetrain.errors import IntegrityError
+from kubetrain.integrity import sha256_file, verify_digests
+
+FORMAT = "kubetrain.dataset/v1"
+SPLITS = ("train", "test")
+MANIFEST = "manifest.json"
+
+
+def write_dataset(
+    output_dir: str | os.PathLike[str],
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: list[str],
+    mean: list[float],
+    std: list[float],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """Write normalised ``(x, y)`` arrays per split and the manifest, then publish atomically."""
+    from safetensors.numpy import save_file
+
+    staged = atomic.staging_dir(output_dir)
+    split_entries = {}
+    for split, (x, y) in splits.items():
+        filename = f"{split}.safetensors"
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        y64 = np.ascontiguousarray(y, dtype=np.int64)
+        save_file({"x": x32, "y": y64}, str(staged / filename))
+        split_entries[split] = {
+            "file": filename,
+            "count": int(len(y64)),
+            "class_counts": np.bincount(y64, minlength=len(classes)).tolist(),
+            "sha256": sha256_file(staged / filename),
+        }
+    sample_shape = list(next(iter(splits.values()))[0].shape[1:])
+    manifest = {
+        "format": FORMAT,
+        "classes": classes,
+        "num_classes": len(classes),
+        "sample_shape": sample_shape,
+        "normalisation": {"mean": mean, "std": std},
+        "splits": split_entries,
+        **provenance,
+    }
+    (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    atomic.publish_dir(staged, output_dir)
+    return manifest
+
+
+def read_manifest(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise IntegrityError(
+            f"dataset {data_dir}: no {MANIFEST}; point --data at a folder written by `kubetrain prep`"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise IntegrityError(f"dataset {data_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
+    if manifest.get("format") != FORMAT:
+        raise IntegrityError(
+            f"dataset {data_dir}: format {manifest.get('format')!r} is not {FORMAT!r}; "
+            "re-run `kubetrain prep`"
+        )
+    return manifest
+
+
+def load_split(data_dir: str | os.PathLike[str], split: str, verify: bool = True):
+    """Return ``(x, y)`` torch tensors of one split, checked against the manifest's sha256."""
+    from safetensors.torch import load_file
+
+    manifest = read_manifest(data_dir)
+    entry = manifest["splits"].get(split)
+    if entry is None:
+        raise IntegrityError(
+            f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])})"
+        )
+    if verify:
+        verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
+    tensors = load_file(str(Path(data_dir) / entry["file"]))
+    x, y = tensors["x"], tensors["y"]
+    if len(x) != entry["count"] or len(y) != entry["count"]:
+        raise IntegrityError(
+            f"dataset {data_dir}: split {split} has {len(x)} samples, manifest says {entry['count']}"
+        )
+    return x, y

@@ -1,0 +1,1 @@
+"""The training entrypoint our DDP/FSDP image runs under torchrun."""

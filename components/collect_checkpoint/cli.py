@@ -1,0 +1,31 @@
+"""`kubetrain collect`: publish the newest complete rank-0 checkpoint as a safetensors model."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "collect",
+        help="verify the newest checkpoint and publish it as model.safetensors",
+        description=(
+            "Read the newest complete checkpoint through its LATEST pointer, verify every file's "
+            "sha256, gather FSDP shards into one state dict, and publish OUTPUT/model.safetensors "
+            "and OUTPUT/model.json atomically."
+        ),
+    )
+    parser.add_argument("--checkpoint-dir", required=True, help="folder the training job wrote")
+    parser.add_argument("--output", required=True, help="folder to publish the model in")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
+
+    model = collect_checkpoint(args.checkpoint_dir, args.output)
+    card = model.card
+    print(f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
+          f"world size {card['world_size']}) from {card['source_checkpoint']}")
+    print(f"model {model.path} sha256 {model.sha256}")
+    return 0

@@ -1,0 +1,38 @@
+"""`kubetrain evaluate`: score a collected model on the held-out split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="score a collected model on the test split and check an accuracy threshold",
+        description=(
+            "Load MODEL/model.safetensors (verified against its sha256), score the dataset's test "
+            "split (accuracy, loss, per-class precision and recall, confusion matrix) and exit 0 "
+            "if accuracy >= --threshold, 3 if it is below."
+        ),
+    )
+    parser.add_argument("--model", required=True, help="folder written by `kubetrain collect`")
+    parser.add_argument("--data", required=True, help="dataset folder written by `kubetrain prep`")
+    parser.add_argument("--threshold", type=float, default=0.95,
+                        help="accuracy (a fraction) the model must reach; default 0.95")
+    parser.add_argument("--json", action="store_true", help="print all metrics as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from kubetrain.components.evaluate_model.evaluate import evaluate_model
+
+    result = evaluate_model(args.model, args.data, threshold=args.threshold)
+    if args.json:
+        print(json.dumps({**asdict(result), "passed": result.passed}, indent=2))
+    verdict = "passed" if result.passed else "below threshold"
+    print(f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
+          f"{verdict} ({result.threshold:g})")
+    return 0 if result.passed else 3

@@ -1,0 +1,33 @@
+"""KFP component of the evaluate step."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from kubetrain.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def evaluate_model(
+    model: dsl.Input[dsl.Model],
+    dataset: dsl.Input[dsl.Dataset],
+    metrics: dsl.Output[dsl.Metrics],
+    classification_metrics: dsl.Output[dsl.ClassificationMetrics],
+    threshold: float = 0.95,
+) -> NamedTuple("EvaluateOutputs", [("passed", bool), ("accuracy", float)]):  # noqa: UP014
+    """Score the model on the held-out split; ``passed`` (accuracy >= threshold) is for dsl.If."""
+    from collections import namedtuple
+
+    from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
+
+    result = evaluate(model.path, dataset.path, threshold=threshold)
+    metrics.log_metric("accuracy", result.accuracy)
+    metrics.log_metric("loss", result.loss)
+    metrics.log_metric("test_samples", result.samples)
+    for name, precision, recall in zip(result.classes, result.precision, result.recall):
+        metrics.log_metric(f"precision_{name}", precision)
+        metrics.log_metric(f"recall_{name}", recall)
+    classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
+    print(f"accuracy {result.accuracy:.3f} (threshold {threshold:g}): "
+          f"{'passed' if result.passed else 'below threshold'}")
+    return namedtuple("EvaluateOutputs", ["passed", "accuracy"])(result.passed, result.accuracy)

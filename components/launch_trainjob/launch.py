@@ -1,0 +1,108 @@
+"""Launch step: validate a training job spec and hand it to a backend, returning at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubetrain.backends import get_backend
+from kubetrain.errors import InvalidInput
+from kubetrain.images import TRAINER_IMAGE
+from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec
+from kubetrain.names import derive_job_name, random_job_name
+
+# What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
+# PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
+TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """Options of `python -m kubetrain.train` that the launch step sets."""
+
+    data_dir: str
+    checkpoint_dir: str = ""
+    strategy: str = "ddp"
+    model: str = "mlp"
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-3
+    checkpoint_every: int = 1
+
+    def validate(self) -> None:
+        if not self.data_dir:
+            raise InvalidInput("data", "is empty", "give the dataset folder written by the prep step")
+        if self.strategy not in STRATEGIES:
+            raise InvalidInput("strategy", f"{self.strategy!r} is unknown", "use ddp or fsdp")
+        for field_name, value in (("epochs", self.epochs), ("batch_size", self.batch_size),
+                                  ("checkpoint_every", self.checkpoint_every)):
+            if value < 1:
+                raise InvalidInput(field_name, f"{value} is below 1", "use 1 or more")
+        if not self.lr > 0:
+            raise InvalidInput("lr", f"{self.lr} is not positive", "use a learning rate like 0.001")
+
+    def trainer_args(self, checkpoint_dir: str) -> tuple[str, ...]:
+        return (
+            "--data", self.data_dir,
+            "--checkpoint-dir", checkpoint_dir,
+            "--strategy", self.strategy,
+            "--model", self.model,
+            "--epochs", str(self.epochs),
+            "--batch-size", str(self.batch_size),
+            "--lr", repr(self.lr),
+            "--checkpoint-every", str(self.checkpoint_every),
+            "--resume", "auto",
+        )
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    job_name: str
+    checkpoint_dir: str
+
+
+def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
+    """An explicit name wins; else one derived from the pipeline run; else a random one."""
+    if job_name:
+        return job_name
+    return derive_job_name(run_name) if run_name else random_job_name()
+
+
+def launch_job(spec: TrainJobSpec, backend: str = "local") -> str:
+    """Create the job on ``backend`` and return its name without waiting for it to run."""
+    backend_impl = get_backend(backend)
+    return backend_impl.launch(spec.validate())
+
+
+def launch_training(
+    options: TrainingOptions,
+    backend: str = "local",
+    job_name: str = "",
+    run_name: str = "",
+    nodes: int = 2,
+    procs_per_node: int = 1,
+    image: str = TRAINER_IMAGE,
+    runtime: str = "torch-distributed",
+    resources: Resources | None = None,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
+    """Launch our DDP/FSDP trainer as a distributed job; the checkpoint folder it will write
+    defaults to the backend's per-job folder."""
+    options.validate()
+    name = resolve_job_name(job_name, run_name)
+    backend_impl = get_backend(backend)
+    checkpoint_dir = options.checkpoint_dir or backend_impl.default_checkpoint_dir(name)
+    spec = TrainJobSpec(
+        name=name,
+        command=TRAINER_COMMAND,
+        args=options.trainer_args(checkpoint_dir),
+        image=image,
+        env=dict(env or {}),
+        num_nodes=nodes,
+        procs_per_node=procs_per_node,
+        resources_per_node=resources or Resources(),
+        runtime=RuntimeRef(name=runtime),
+        labels={"app.kubernetes.io/managed-by": "kubetrain"},
+    ).validate()
+    backend_impl.launch(spec)
+    return LaunchResult(job_name=name, checkpoint_dir=checkpoint_dir)

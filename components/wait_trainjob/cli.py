@@ -1,0 +1,36 @@
+"""`kubetrain wait`: follow a job to the end, streaming rank-0 logs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "wait",
+        help="follow a job to Complete/Failed, streaming rank-0 logs",
+        description=(
+            "Follow a job until it is Complete (exit 0) or Failed (exit with the failing node's "
+            "exit code, printing the reason and that node's last log lines), streaming the "
+            "rank-0 node's log lines as they are written."
+        ),
+    )
+    parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
+    parser.add_argument("--backend", default="local", help="where the job runs; default local")
+    parser.add_argument("--timeout", type=float, default=0,
+                        help="give up after this many seconds (exit 124); default 0 = wait forever")
+    parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubetrain.components.wait_trainjob.wait import wait_for_job
+
+    result = wait_for_job(
+        args.name,
+        backend=args.backend,
+        timeout_seconds=args.timeout,
+        on_log_line=None if args.quiet else lambda line: print(line, flush=True),
+    )
+    print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
+    return 0

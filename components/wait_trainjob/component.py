@@ -1,0 +1,30 @@
+"""KFP component of the wait step."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from kubetrain.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def wait_trainjob(
+    job_name: str,
+    backend: str = "local",
+    timeout_seconds: float = 0,
+) -> NamedTuple("WaitOutputs", [("state", str), ("duration_seconds", float)]):  # noqa: UP014
+    """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
+    exit code and last log lines if the job fails."""
+    import sys
+    from collections import namedtuple
+
+    from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
+
+    try:
+        result = wait_for_job(job_name, backend=backend, timeout_seconds=timeout_seconds,
+                              on_log_line=lambda line: print(line, flush=True))
+    except JobFailed as failure:
+        print(failure, file=sys.stderr, flush=True)
+        raise SystemExit(failure.exit_code) from None
+    return namedtuple("WaitOutputs", ["state", "duration_seconds"])(
+        result.state, result.duration_seconds)

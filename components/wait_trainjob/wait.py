@@ -1,0 +1,70 @@
+"""Wait step: follow a job to Complete or Failed, streaming rank-0 logs, and fail with the
+failing node's exit code and its last log lines."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubetrain.backends import get_backend
+from kubetrain.backends.base import COMPLETE, Backend, JobStatus
+from kubetrain.errors import InvalidInput, KubetrainError
+
+FAILURE_LOG_LINES = 20
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    job_name: str
+    state: str
+    reason: str
+    message: str
+    duration_seconds: float
+
+
+class JobFailed(KubetrainError):
+    """The job ended Failed; the exit code is the failing node's (128+N for signal N)."""
+
+    def __init__(self, status: JobStatus, last_lines: list[str]) -> None:
+        node = status.failed_node
+        code = node.exit_code if node is not None and node.exit_code is not None else 1
+        exit_code = 128 - code if code < 0 else (code if 0 < code < 256 else 1)
+        message = f"job {status.name} failed ({status.reason}): {status.message}"
+        if node is not None and last_lines:
+            message += f"\nlast {len(last_lines)} lines of node {node.rank}:\n" + "\n".join(last_lines)
+        super().__init__(message, exit_code=exit_code)
+        self.status = status
+
+
+def last_log_lines(backend: Backend, status: JobStatus, count: int = FAILURE_LOG_LINES) -> list[str]:
+    node = status.failed_node
+    if node is None:
+        return []
+    return list(deque(backend.logs(status.name, node=node.rank, follow=False), maxlen=count))
+
+
+def wait_for_job(
+    job_name: str,
+    backend: str = "local",
+    timeout_seconds: float = 0,
+    on_log_line: Callable[[str], None] | None = print,
+) -> WaitResult:
+    """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none."""
+    if not job_name:
+        raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
+    if timeout_seconds < 0:
+        raise InvalidInput("timeout", f"{timeout_seconds} is negative", "use 0 (none) or more seconds")
+    backend_impl = get_backend(backend)
+    started = time.monotonic()
+    status = backend_impl.wait(job_name, timeout=timeout_seconds or None, on_log_line=on_log_line)
+    if status.state != COMPLETE:
+        raise JobFailed(status, last_log_lines(backend_impl, status))
+    return WaitResult(
+        job_name=job_name,
+        state=status.state,
+        reason=status.reason,
+        message=status.message,
+        duration_seconds=round(time.monotonic() - started, 3),
+    )

@@ -1,0 +1,72 @@
+"""What every backend offers: launch a job spec, follow it, read its logs, delete it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from kubetrain.jobspec import TrainJobSpec
+
+# The states a TrainJob goes through; Kubeflow Trainer reports Complete/Failed conditions.
+CREATED, RUNNING, COMPLETE, FAILED = "Created", "Running", "Complete", "Failed"
+TERMINAL_STATES = (COMPLETE, FAILED)
+
+
+@dataclass
+class NodeStatus:
+    rank: int
+    pid: int | None = None
+    exit_code: int | None = None
+    log: str = ""
+
+
+@dataclass
+class JobStatus:
+    name: str
+    state: str
+    reason: str = ""
+    message: str = ""
+    nodes: list[NodeStatus] = field(default_factory=list)
+    failed_rank: int | None = None
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def failed_node(self) -> NodeStatus | None:
+        """The node whose failure failed the job (not the ones stopped because of it)."""
+        if self.failed_rank is None:
+            return None
+        return next((n for n in self.nodes if n.rank == self.failed_rank), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobStatus:
+        nodes = [NodeStatus(**n) for n in data.get("nodes", [])]
+        return cls(**{**data, "nodes": nodes})
+
+
+class Backend(Protocol):
+    def launch(self, spec: TrainJobSpec) -> str:
+        """Create the job and return its name at once, without waiting for it to run."""
+
+    def status(self, name: str) -> JobStatus: ...
+
+    def wait(
+        self, name: str, timeout: float | None, on_log_line: Callable[[str], None] | None
+    ) -> JobStatus:
+        """Follow the job to Complete or Failed, passing rank-0 log lines as they come."""
+
+    def logs(self, name: str, node: int | None, follow: bool) -> Iterator[str]: ...
+
+    def delete(self, name: str) -> None:
+        """Stop everything the job runs and remove it."""
+
+    def default_checkpoint_dir(self, name: str) -> str: ...

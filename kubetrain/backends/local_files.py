@@ -1,0 +1,37 @@
+"""Where the local backend keeps a job on disk, and reading/writing its records.
+
+``$KUBETRAIN_LOCAL_ROOT/<job>/`` (default root ``~/.kubetrain/local``) holds::
+
+    job.json         the spec and the working directory it was launched from
+    status.json      JobStatus, rewritten atomically by the supervisor on every change
+    supervisor.pid   the supervisor process that owns the node processes
+    node-<i>.log     stdout+stderr of node i
+    checkpoints/     the default checkpoint folder of the job
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kubetrain import atomic
+from kubetrain.backends.base import JobStatus
+
+ROOT_ENV = "KUBETRAIN_LOCAL_ROOT"
+
+
+def local_root() -> Path:
+    return Path(os.environ.get(ROOT_ENV) or Path.home() / ".kubetrain" / "local")
+
+
+def node_log(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"node-{rank}.log"
+
+
+def read_status(job_dir: Path) -> JobStatus:
+    return JobStatus.from_dict(json.loads((job_dir / "status.json").read_text()))
+
+
+def write_status(job_dir: Path, status: JobStatus) -> None:
+    atomic.write_json(job_dir / "status.json", status.to_dict())

@@ -1,0 +1,152 @@
+"""The process that plays Kubeflow Trainer for one local job.
+
+It starts the job's command once per node with the PET_* environment the Trainer injects
+(master address 127.0.0.1, a free port), records each node's exit code, fails the whole job
+as soon as one node fails (stopping the others, like JobSet's failure policy), and stops every
+node when it is itself terminated. Run as ``python -m kubetrain.backends.local_supervisor DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
+from kubetrain.backends.local_files import node_log, read_status, write_status
+from kubetrain.jobspec import TrainJobSpec
+
+POLL_SECONDS = 0.05
+GRACE_SECONDS = 5.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
+    """The environment of one node: ours, the spec's, then exactly the Trainer's PET_* set."""
+    interpreter_bin = os.path.dirname(sys.executable)
+    return {
+        **os.environ,
+        "PATH": f"{interpreter_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        **spec.env,
+        "PET_NNODES": str(spec.num_nodes),
+        "PET_NPROC_PER_NODE": str(spec.procs_per_node),
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(master_port),
+    }
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def stop_nodes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each node's process group, then SIGKILL what is left after a grace period."""
+    for proc in processes:
+        if proc.poll() is None:
+            signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        time.sleep(POLL_SECONDS)
+    for proc in processes:
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def supervise(job_dir: Path) -> JobStatus:
+    record = json.loads((job_dir / "job.json").read_text())
+    spec = TrainJobSpec.from_dict(record["spec"])
+    status = read_status(job_dir)
+    stop_requested: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda sig, _frame: stop_requested.append(sig))
+
+    port = free_port()
+    processes: list[subprocess.Popen] = []
+    for rank in range(spec.num_nodes):
+        with open(node_log(job_dir, rank), "ab") as log:
+            try:
+                processes.append(
+                    subprocess.Popen(
+                        [*spec.command, *spec.args],
+                        env=node_env(spec, rank, port),
+                        cwd=record["cwd"],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            except OSError as exc:
+                log.write(f"cannot start {spec.command[0]}: {exc}\n".encode())
+                stop_nodes(processes)
+                status.failed_rank = rank
+                return finish(job_dir, status, FAILED, "StartError",
+                              f"node {rank} could not start {spec.command[0]}: {exc}")
+    status.state, status.started_at = RUNNING, time.time()
+    status.nodes = [
+        NodeStatus(rank=r, pid=p.pid, log=node_log(job_dir, r).name) for r, p in enumerate(processes)
+    ]
+    write_status(job_dir, status)
+
+    while True:
+        if stop_requested:
+            stop_nodes(processes)
+            record_exits(status, processes)
+            return finish(job_dir, status, FAILED, "Stopped",
+                          f"stopped by {signal.Signals(stop_requested[0]).name}")
+        for node, proc in zip(status.nodes, processes, strict=True):
+            code = proc.poll()
+            if code is not None and node.exit_code is None:
+                node.exit_code = code
+                if code != 0:
+                    status.failed_rank = node.rank
+                    stop_nodes(processes)
+                    record_exits(status, processes)
+                    return finish(job_dir, status, FAILED, "NodeFailed",
+                                  f"node {node.rank} {describe_exit(code)}")
+        if all(node.exit_code == 0 for node in status.nodes):
+            return finish(job_dir, status, COMPLETE, "Completed", "all nodes exited with code 0")
+        time.sleep(POLL_SECONDS)
+
+
+def record_exits(status: JobStatus, processes: list[subprocess.Popen]) -> None:
+    for node, proc in zip(status.nodes, processes, strict=True):
+        if node.exit_code is None:
+            node.exit_code = proc.wait()
+
+
+def finish(job_dir: Path, status: JobStatus, state: str, reason: str, message: str) -> JobStatus:
+    status.state, status.reason, status.message = state, reason, message
+    status.finished_at = time.time()
+    write_status(job_dir, status)
+    return status
+
+
+def main(argv: list[str]) -> int:
+    status = supervise(Path(argv[0]))
+    return 0 if status.state == COMPLETE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""The kubetrain training pipeline: prep → launch → wait → collect → evaluate."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from kubetrain.components.collect_checkpoint.component import collect_checkpoint
+from kubetrain.components.dataset_prep.component import dataset_prep
+from kubetrain.components.evaluate_model.component import evaluate_model
+from kubetrain.components.launch_trainjob.component import launch_trainjob
+from kubetrain.components.wait_trainjob.component import wait_trainjob
+
+PIPELINE_NAME = "kubetrain-training"
+
+
+@dsl.pipeline(
+    name=PIPELINE_NAME,
+    description=(
+        "Prepare a dataset, train it with a distributed DDP/FSDP TrainJob, collect the rank-0 "
+        "checkpoint and evaluate it against an accuracy threshold."
+    ),
+)
+def training_pipeline(
+    dataset_source: str = "sklearn:digits",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    backend: str = "local",
+    nodes: int = 2,
+    procs_per_node: int = 1,
+    strategy: str = "ddp",
+    model: str = "mlp",
+    epochs: int = 10,
+    lr: float = 0.001,
+    batch_size: int = 32,
+    image: str = "",
+    runtime: str = "torch-distributed",
+    checkpoint_dir: str = "",
+    accuracy_threshold: float = 0.95,
+    wait_timeout_seconds: float = 0,
+) -> NamedTuple(  # noqa: UP014
+    "PipelineOutputs",
+    [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
+):
+    prep = dataset_prep(source=dataset_source, test_fraction=test_fraction, seed=seed)
+    launch = launch_trainjob(
+        dataset=prep.outputs["dataset"],
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        backend=backend,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        strategy=strategy,
+        model=model,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        checkpoint_dir=checkpoint_dir,
+        image=image,
+        runtime=runtime,
+    )
+    launch.set_caching_options(False)
+    wait = wait_trainjob(
+        job_name=launch.outputs["job_name"], backend=backend, timeout_seconds=wait_timeout_seconds
+    )
+    wait.set_caching_options(False)
+    collect = collect_checkpoint(checkpoint_dir=launch.outputs["checkpoint_dir"]).after(wait)
+    evaluate = evaluate_model(
+        model=collect.outputs["model"], dataset=prep.outputs["dataset"], threshold=accuracy_threshold
+    )
+    outputs = NamedTuple(  # noqa: UP014
+        "PipelineOutputs",
+        [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
+    )
+    return outputs(
+        accuracy=evaluate.outputs["accuracy"],
+        passed=evaluate.outputs["passed"],
+        model=collect.outputs["model"],
+        metrics=evaluate.outputs["metrics"],
+    )

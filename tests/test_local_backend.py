@@ -1,0 +1,205 @@
+"""The local backend runs a job the way Kubeflow Trainer does: one command per node, PET_* env."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kubetrain.backends.base import COMPLETE, FAILED
+from kubetrain.backends.local import LocalBackend, process_alive
+from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import Resources, TrainJobSpec
+from kubetrain.names import derive_job_name
+
+
+@pytest.fixture
+def local_root(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "jobs"
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
+    return root
+
+
+def kubetrain(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kubetrain", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=timeout,
+    )
+
+
+def write_script(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_two_by_two_job_gives_a_torchrun_script_world_size_four(local_root, tmp_path):
+    write_script(tmp_path, "train.py", """
+        import os
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        print(f"rank {dist.get_rank()} of WORLD_SIZE {os.environ['WORLD_SIZE']} "
+              f"on node {os.environ['PET_NODE_RANK']}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    launched = kubetrain("launch", "--backend", "local", "--nodes", "2", "--procs-per-node", "2",
+                         "--", "torchrun", "train.py", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr
+    name = launched.stdout.strip().splitlines()[-1]
+
+    waited = kubetrain("wait", "--backend", "local", name, "--timeout", "90")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert f"job {name} Complete" in waited.stdout
+    # wait streams node 0's log: ranks 0 and 1 run there
+    assert "rank 0 of WORLD_SIZE 4 on node 0" in waited.stdout
+
+    logs = kubetrain("logs", "--backend", "local", name)
+    assert logs.returncode == 0, logs.stderr
+    for rank, node in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        assert f"rank {rank} of WORLD_SIZE 4 on node {node}" in logs.stdout
+    assert "[node-1] rank" in logs.stdout
+
+
+def test_each_node_gets_exactly_the_trainer_pet_environment(local_root, tmp_path):
+    backend = LocalBackend()
+    script = ("import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+              "if k.startswith('PET_')}))")
+    backend.launch(TrainJobSpec(name="env-job", command=("python", "-c", script), num_nodes=3,
+                                procs_per_node=4, env={"EXTRA": "1"}))
+    status = backend.wait("env-job", timeout=60)
+    assert status.state == COMPLETE
+    seen = [json.loads(next(backend.logs("env-job", node=rank))) for rank in range(3)]
+    ports = {env["PET_MASTER_PORT"] for env in seen}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    for rank, env in enumerate(seen):
+        assert set(env) == {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
+                            "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+        assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["PET_NODE_RANK"],
+                env["PET_MASTER_ADDR"]) == ("3", "4", str(rank), "127.0.0.1")
+
+
+def test_a_node_exiting_3_fails_wait_with_code_3_and_its_last_lines(local_root, tmp_path):
+    write_script(tmp_path, "fail.py", """
+        import os, sys, time
+        rank = os.environ["PET_NODE_RANK"]
+        for i in range(30):
+            print(f"node {rank} line {i}", flush=True)
+        if rank == "1":
+            print("about to fail: disk on fire", flush=True)
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    launched = kubetrain("launch", "--nodes", "2", "--", "python", "fail.py", cwd=tmp_path)
+    name = launched.stdout.strip().splitlines()[-1]
+    started = time.monotonic()
+    waited = kubetrain("wait", name)
+    assert time.monotonic() - started < 30, "node 0 sleeping must be stopped once node 1 fails"
+    assert waited.returncode == 3
+    assert "node 1 exited with code 3" in waited.stderr
+    assert "about to fail: disk on fire" in waited.stderr
+    assert "node 1 line 29" in waited.stderr
+    status = LocalBackend().status(name)
+    assert status.state == FAILED and status.failed_rank == 1
+    assert status.nodes[0].exit_code is not None, "the other node was stopped and reaped"
+
+
+def test_delete_leaves_no_process_behind(local_root, tmp_path):
+    write_script(tmp_path, "sleepy.py", """
+        import os, time
+        with open(f"pids-{os.environ['PET_NODE_RANK']}-{os.environ['LOCAL_RANK']}", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+    """)
+    backend = LocalBackend()
+    os.chdir(tmp_path)
+    backend.launch(TrainJobSpec(name="sleepy", command=("torchrun", "sleepy.py"), num_nodes=2,
+                                procs_per_node=2))
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pids-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int(p.read_text()) for p in tmp_path.glob("pids-*")]
+    assert len(workers) == 4
+    status = backend.status("sleepy")
+    supervisor = int((local_root / "sleepy" / "supervisor.pid").read_text())
+    everything = [supervisor, *workers, *(n.pid for n in status.nodes)]
+    assert all(process_alive(pid) for pid in everything)
+
+    deleted = kubetrain("delete", "--backend", "local", "sleepy")
+    assert deleted.returncode == 0, deleted.stderr
+    deadline = time.monotonic() + 5
+    while any(process_alive(pid) for pid in everything) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in everything if process_alive(pid)] == []
+    assert not (local_root / "sleepy").exists()
+
+
+def test_wait_times_out_with_exit_124(local_root, tmp_path):
+    backend = LocalBackend()
+    backend.launch(TrainJobSpec(name="slow", command=("sleep", "30")))
+    waited = kubetrain("wait", "slow", "--timeout", "0.5")
+    assert waited.returncode == 124
+    assert "timed out after 0.5s" in waited.stderr
+    backend.delete("slow")
+
+
+def test_a_dead_supervisor_is_reported_not_waited_on_forever(local_root):
+    backend = LocalBackend()
+    backend.launch(TrainJobSpec(name="orphan", command=("sleep", "30")))
+    supervisor = int((local_root / "orphan" / "supervisor.pid").read_text())
+    deadline = time.monotonic() + 10
+    while backend.status("orphan").state != "Running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(supervisor, signal.SIGKILL)
+    status = backend.wait("orphan", timeout=10)
+    assert (status.state, status.reason) == (FAILED, "SupervisorLost")
+    backend.delete("orphan")
+    node_pid = status.nodes[0].pid
+    assert not process_alive(node_pid)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "Bad_Name"}, "name"),
+        ({"name": "x" * 64}, "name"),
+        ({"num_nodes": 0}, "nodes"),
+        ({"procs_per_node": -1}, "procs_per_node"),
+        ({"command": ()}, "command"),
+        ({"env": {"PET_NNODES": "4"}}, "env"),
+        ({"env": {"1BAD": "x"}}, "env"),
+        ({"image": "has space:1"}, "image"),
+        ({"resources_per_node": Resources(memory="4 GB")}, "resources_per_node.memory"),
+        ({"command": ("no-such-program-kubetrain",)}, "command"),
+    ],
+)
+def test_bad_specs_are_refused_before_anything_is_created(local_root, change, field):
+    spec = TrainJobSpec(**{"name": "ok-job", "command": ("true",), **change})
+    with pytest.raises(InvalidInput) as refused:
+        LocalBackend().launch(spec)
+    assert refused.value.field == field
+    assert not local_root.exists() or not any(local_root.iterdir())
+
+
+def test_an_existing_job_name_is_refused(local_root):
+    backend = LocalBackend()
+    backend.launch(TrainJobSpec(name="twice", command=("true",)))
+    with pytest.raises(InvalidInput, match="already exists"):
+        backend.launch(TrainJobSpec(name="twice", command=("true",)))
+    assert backend.wait("twice", timeout=30).state == COMPLETE
+
+
+def test_derived_names_are_stable_rfc1035_and_short():
+    name = derive_job_name("Kubetrain-Training-2026-11-23-09-30-12-123456", "train")
+    assert name == derive_job_name("Kubetrain-Training-2026-11-23-09-30-12-123456", "train")
+    assert name != derive_job_name("Kubetrain-Training-2026-11-23-09-30-12-123457", "train")
+    assert len(name) <= 47 and name[0].isalpha()
+    TrainJobSpec(name=name, command=("true",)).validate()
+    assert derive_job_name("123", "x")[0].isalpha()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,26 @@ def write_dataset(
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
     """Write normalised ``(x, y)`` arrays per split and the manifest, then publish atomically."""
+    staged = atomic.staging_dir(output_dir)
+    try:
+        manifest = _write_staged(staged, splits, classes, mean, std, provenance)
+        atomic.publish_dir(staged, output_dir)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_staged(
+    staged: Path,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: list[str],
+    mean: list[float],
+    std: list[float],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
     from safetensors.numpy import save_file
 
-    staged = atomic.staging_dir(output_dir)
     split_entries = {}
     for split, (x, y) in splits.items():
         filename = f"{split}.safetensors"
@@ -62,7 +80,6 @@ def write_dataset(
         **provenance,
     }
     (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    atomic.publish_dir(staged, output_dir)
     return manifest
 
 

@@ -1,0 +1,38 @@
+# kubetrain: `make run` runs the whole pipeline on this machine, `make test` runs the tests.
+# Both set up .venv first (torch pinned to the CPU build torch==2.13.0).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.kubetrain-installed
+
+.PHONY: setup run test lint format compile clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check '$(TORCH)'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/kubetrain run
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+compile: setup
+	$(BIN)/kubetrain compile
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info

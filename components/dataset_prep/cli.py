@@ -1,0 +1,106 @@
+"""`kubetrain prep`: the dataset prep step on the command line.
+
+Only argparse at module level: ``kubetrain --help`` imports every subcommand module, so
+numpy, sklearn and torch are imported inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# Kept equal to prepare_dataset's defaults (a test checks); not imported, to stay light.
+DEFAULT_SOURCE = "sklearn:digits"
+DEFAULT_TEST_FRACTION = 0.2
+DEFAULT_SEED = 0
+MAX_CLASSES_SHOWN = 12
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``prep`` subcommand to the ``kubetrain`` parser."""
+    parser = subparsers.add_parser(
+        "prep",
+        help="prepare a dataset folder (split, normalised, checksummed) for training",
+        description=(
+            "Load a dataset, validate it, split it into train/test (stratified, seeded), "
+            "normalise it with train-split statistics and publish it atomically as a "
+            "kubetrain dataset folder (manifest.json, train.safetensors, test.safetensors)."
+        ),
+    )
+    parser.add_argument(
+        "--source",
+        default=DEFAULT_SOURCE,
+        help=(
+            "what to prepare: sklearn:digits|iris|wine|breast_cancer (bundled, offline), "
+            "torchvision:MNIST|FashionMNIST|CIFAR10 (needs kubetrain[vision] and network), "
+            "or a local .npz file (keys x, y, optional classes) or folder (data.npz, or "
+            "train.npz + test.npz), as a path or file:// URL (default: %(default)s)"
+        ),
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder to publish the dataset in; must be new, empty or an earlier dataset",
+    )
+    parser.add_argument(
+        "--test-fraction",
+        type=float,
+        default=DEFAULT_TEST_FRACTION,
+        metavar="F",
+        help=(
+            "share of samples held out for testing, strictly between 0 and 1; ignored by "
+            "sources with their own split (default: %(default)s)"
+        ),
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="seed of the split; the same seed gives byte-identical files (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="where torchvision datasets are downloaded to (default: ~/.cache/kubetrain)",
+    )
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prepare the dataset and print a short summary; errors propagate as InvalidInput."""
+    from kubetrain.components.dataset_prep.prep import prepare_dataset
+
+    manifest = prepare_dataset(
+        source=args.source,
+        output_dir=args.output,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        cache_dir=args.cache_dir,
+    )
+    print(summary(manifest, args.output))
+    return 0
+
+
+def summary(manifest: dict[str, Any], output: str) -> str:
+    """A few lines a person can check at a glance: counts, classes, shape, where it went."""
+    splits = manifest["splits"]
+    if manifest.get("split") == "stratified":
+        how = f"stratified, test_fraction {manifest['test_fraction']}, seed {manifest['seed']}"
+    else:
+        how = "the source's own split"
+    classes = manifest["classes"]
+    shown = ", ".join(classes[:MAX_CLASSES_SHOWN])
+    if len(classes) > MAX_CLASSES_SHOWN:
+        shown += f", … ({len(classes) - MAX_CLASSES_SHOWN} more)"
+    return "\n".join(
+        [
+            f"prepared {manifest['source']} -> {output}",
+            f"  train: {splits['train']['count']} samples, test: {splits['test']['count']} "
+            f"samples ({how})",
+            f"  classes ({len(classes)}): {shown}",
+            f"  sample shape: {manifest['sample_shape']}",
+        ]
+    )

@@ -1,0 +1,49 @@
+"""The dataset prep step as a KFP v2 lightweight Python component.
+
+KFP ships only the function's source to the pod, so the function imports what it needs
+inside itself; the image (``COMPONENT_IMAGE``) already has kubetrain installed.
+"""
+
+from kfp import dsl
+
+from kubetrain.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def dataset_prep(
+    dataset: dsl.Output[dsl.Dataset],
+    source: str = "sklearn:digits",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+):
+    """Prepare a split, normalised, checksummed dataset folder for the training step.
+
+    Args:
+        dataset: Output folder in the kubetrain dataset format (manifest.json,
+            train.safetensors, test.safetensors).
+        source: sklearn:digits (offline), torchvision:MNIST|FashionMNIST|CIFAR10, or a
+            local .npz file or folder (path or file:// URL) visible to the pod.
+        test_fraction: Share of samples held out for testing (stratified split); ignored
+            by sources with their own split.
+        seed: Seed of the split; the same seed gives byte-identical files.
+    """
+    from kubetrain.components.dataset_prep.prep import prepare_dataset
+
+    manifest = prepare_dataset(
+        source=source, output_dir=dataset.path, test_fraction=test_fraction, seed=seed
+    )
+    dataset.metadata.update(
+        {
+            "format": manifest["format"],
+            "source": manifest["source"],
+            "seed": manifest["seed"],
+            "split": manifest["split"],
+            "train_count": manifest["splits"]["train"]["count"],
+            "test_count": manifest["splits"]["test"]["count"],
+            "num_classes": manifest["num_classes"],
+            "classes": manifest["classes"],
+            "sample_shape": manifest["sample_shape"],
+            "train_sha256": manifest["splits"]["train"]["sha256"],
+            "test_sha256": manifest["splits"]["test"]["sha256"],
+        }
+    )

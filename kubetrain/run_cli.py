@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from kubetrain.errors import KubetrainError
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from kubetrain.pipelines.training_pipeline import training_pipeline
 
     validate_threshold(args.threshold)
+    # Our component image is a Python image; KFP guesses from its name that it may not be.
+    warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
     # trainer's `torchrun` is looked up next to it.
     os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -61,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         outputs = training_pipeline(
             dataset_source=args.dataset, seed=args.seed, nodes=args.nodes,
             procs_per_node=args.procs_per_node, strategy=args.strategy, model=args.model,
-            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-            accuracy_threshold=args.threshold, wait_timeout_seconds=args.timeout,
+            epochs=args.epochs, lr=float(args.lr), batch_size=args.batch_size,
+            accuracy_threshold=float(args.threshold), wait_timeout_seconds=float(args.timeout),
         ).outputs
     except RuntimeError as exc:
         raise KubetrainError(f"pipeline failed: {exc}") from exc

@@ -1,0 +1,89 @@
+"""The pipeline and components compile to valid, current KFP YAML, and `kubetrain run` works."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import json_format
+from kfp.components import load_component_from_file
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from kubetrain.compile import COMPONENTS, compile_all
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fresh_compile(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("compiled")
+    compile_all(out / "components", out / "pipelines")
+    return out
+
+
+def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
+    documents = list(yaml.safe_load_all((REPO / "pipelines/compiled/training_pipeline.yaml").read_text()))
+    spec = json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
+    assert spec.pipeline_info.name == "kubetrain-training"
+    assert set(spec.root.dag.tasks) == {
+        "dataset-prep", "launch-trainjob", "wait-trainjob", "collect-checkpoint", "evaluate-model"
+    }
+    assert "wait-trainjob" in spec.root.dag.tasks["collect-checkpoint"].dependent_tasks
+    for name in ("nodes", "procs_per_node", "strategy", "epochs", "lr", "batch_size", "image",
+                 "runtime", "accuracy_threshold", "dataset_source"):
+        assert name in spec.root.input_definitions.parameters
+    # no step reinstalls kfp at run time
+    for executor in spec.deployment_spec["executors"].values():
+        assert "pip install" not in " ".join(executor["container"]["command"])
+
+
+def test_committed_yaml_is_not_stale(fresh_compile):
+    pairs = [(fresh_compile / "pipelines/compiled/training_pipeline.yaml",
+              REPO / "pipelines/compiled/training_pipeline.yaml")]
+    pairs += [(fresh_compile / "components" / step / "component.yaml",
+               REPO / "components" / step / "component.yaml") for step in COMPONENTS]
+    stale = [str(committed.relative_to(REPO)) for fresh, committed in pairs
+             if not committed.is_file() or committed.read_text() != fresh.read_text()]
+    assert stale == [], f"run `make compile` and commit: {stale}"
+
+
+@pytest.mark.parametrize("step", sorted(COMPONENTS))
+def test_component_yaml_loads_back(step):
+    component = load_component_from_file(str(REPO / "components" / step / "component.yaml"))
+    assert component.name == step.replace("_", "-")
+
+
+def run_pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kubetrain", "run", "--output", str(tmp_path / "runs"), *args],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+    )
+
+
+def summary_accuracy(stdout: str) -> float:
+    match = re.search(r"^accuracy (\d\.\d{3}) ", stdout, re.MULTILINE)
+    assert match, stdout[-3000:]
+    return float(match.group(1))
+
+
+def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
+    result = run_pipeline(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert summary_accuracy(result.stdout) >= 0.95
+    model_dir = Path(re.search(r"^model\s+(\S+)", result.stdout, re.MULTILINE).group(1))
+    assert (model_dir / "model.safetensors").is_file()
+    # the training really ran as two nodes, each a torchrun of its own
+    (job,) = (tmp_path / "jobs").iterdir()
+    assert sorted(p.name for p in job.glob("node-*.log")) == ["node-0.log", "node-1.log"]
+
+
+def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
+    result = run_pipeline(tmp_path, "--epochs", "1", "--threshold", "0.999", "--strategy", "fsdp")
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "below threshold" in result.stdout

@@ -1,0 +1,66 @@
+"""Evaluate scores a collected model on the held-out split and gates on a threshold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
+from kubetrain.components.evaluate_model.evaluate import evaluate_model
+from kubetrain.errors import IntegrityError, InvalidInput
+
+
+@pytest.fixture(scope="module")
+def model_dir(trained_checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "model"
+    collect_checkpoint(str(trained_checkpoints["ddp"]), str(out))
+    return out
+
+
+def test_scores_the_test_split(model_dir, digits_dir):
+    result = evaluate_model(str(model_dir), str(digits_dir), threshold=0.5)
+    assert result.samples == 360
+    assert 0.5 < result.accuracy <= 1.0 and result.passed
+    matrix = result.confusion_matrix
+    assert len(matrix) == 10 and sum(map(sum, matrix)) == 360
+    assert sum(matrix[i][i] for i in range(10)) / 360 == pytest.approx(result.accuracy)
+    assert len(result.precision) == len(result.recall) == 10
+    assert result.loss > 0
+
+
+def test_threshold_above_accuracy_does_not_pass(model_dir, digits_dir):
+    reached = evaluate_model(str(model_dir), str(digits_dir), threshold=0.0).accuracy
+    assert reached < 1.0, "two epochs do not fit the test split perfectly"
+    assert evaluate_model(str(model_dir), str(digits_dir), threshold=reached).passed
+    assert not evaluate_model(str(model_dir), str(digits_dir), threshold=reached + 0.001).passed
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1.5, 95])
+def test_threshold_outside_zero_one_is_refused(model_dir, digits_dir, threshold):
+    with pytest.raises(InvalidInput, match="threshold"):
+        evaluate_model(str(model_dir), str(digits_dir), threshold=threshold)
+
+
+def test_a_tampered_model_is_refused(model_dir, digits_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="sha256"):
+        evaluate_model(str(copy), str(digits_dir))
+
+
+def test_evaluate_cli_exit_codes(model_dir, digits_dir, run_python):
+    ok = run_python(["-m", "kubetrain", "evaluate", "--model", str(model_dir), "--data",
+                     str(digits_dir), "--threshold", "0.5", "--json"])
+    assert ok.returncode == 0, ok.stderr
+    payload = json.loads(ok.stdout[: ok.stdout.rindex("}") + 1])
+    assert payload["passed"] is True
+    gate = run_python(["-m", "kubetrain", "evaluate", "--model", str(model_dir), "--data",
+                       str(digits_dir), "--threshold", "1.0"])
+    assert gate.returncode == 3, gate.stderr
+    assert "below threshold" in gate.stdout

@@ -1,0 +1,75 @@
+"""Launch turns training options into a job spec running torchrun -m kubetrain.train."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubetrain.components.launch_trainjob.cli import parse_env
+from kubetrain.components.launch_trainjob.launch import (
+    TrainingOptions,
+    launch_training,
+    resolve_job_name,
+)
+from kubetrain.errors import InvalidInput
+
+
+@pytest.fixture
+def local_root(tmp_path, monkeypatch):
+    root = tmp_path / "jobs"
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
+    return root
+
+
+def test_launch_records_a_torchrun_spec_and_returns_at_once(local_root, digits_dir):
+    result = launch_training(
+        TrainingOptions(data_dir=str(digits_dir), strategy="fsdp", epochs=1),
+        job_name="fsdp-one", nodes=2, procs_per_node=2,
+    )
+    assert result.job_name == "fsdp-one"
+    assert result.checkpoint_dir == str(local_root / "fsdp-one" / "checkpoints")
+    spec = json.loads((local_root / "fsdp-one" / "job.json").read_text())["spec"]
+    assert spec["command"] == ["torchrun", "-m", "kubetrain.train"]
+    args = spec["args"]
+    assert args[args.index("--strategy") + 1] == "fsdp"
+    assert args[args.index("--data") + 1] == str(digits_dir)
+    assert (spec["num_nodes"], spec["procs_per_node"]) == (2, 2)
+    from kubetrain.backends.local import LocalBackend
+
+    LocalBackend().delete("fsdp-one")
+
+
+def test_names_derive_from_the_run_so_a_retry_finds_its_job():
+    assert resolve_job_name("", "run-1") == resolve_job_name("", "run-1")
+    assert resolve_job_name("mine", "run-1") == "mine"
+    assert resolve_job_name("", "").startswith("kubetrain-")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"data_dir": ""}, "data"),
+        ({"strategy": "zero3"}, "strategy"),
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"lr": 0.0}, "lr"),
+    ],
+)
+def test_bad_training_options_create_nothing(local_root, options, field):
+    with pytest.raises(InvalidInput) as refused:
+        launch_training(TrainingOptions(**{"data_dir": "/data", **options}), job_name="never")
+    assert refused.value.field == field
+    assert not (local_root / "never").exists()
+
+
+def test_bad_topology_creates_nothing(local_root):
+    with pytest.raises(InvalidInput, match="nodes"):
+        launch_training(TrainingOptions(data_dir="/data"), job_name="never", nodes=0)
+    assert not (local_root / "never").exists()
+
+
+def test_env_pairs_must_be_key_value():
+    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(InvalidInput, match="--env"):
+        parse_env(["NOVALUE"])

@@ -1,0 +1,96 @@
+"""Shared fixtures: a small real dataset (sklearn digits) in the prepared-folder format."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent
+
+
+def write_digits(output_dir: Path, seed: int = 0) -> Path:
+    """Digits as [N, 1, 8, 8], normalised with train statistics, split 80/20 with ``seed``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from kubetrain.datasets import write_dataset
+
+    digits = load_digits()
+    x = digits.images.astype(np.float32).reshape(-1, 1, 8, 8)
+    y = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.2, random_state=seed, stratify=y
+    )
+    mean, std = float(x_train.mean()), float(x_train.std())
+    write_dataset(
+        output_dir,
+        {"train": ((x_train - mean) / std, y_train), "test": ((x_test - mean) / std, y_test)},
+        classes=[str(i) for i in range(10)],
+        mean=[mean],
+        std=[std],
+        provenance={"source": "sklearn:digits", "seed": seed},
+    )
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared digits dataset folder, written once per test session."""
+    return write_digits(tmp_path_factory.mktemp("data") / "digits")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_python(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the repo root: captured text, no inherited torchrun topology."""
+    topology = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    env = {key: value for key, value in os.environ.items() if key not in topology}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run a fresh Python process (real process boundaries: torchrun, SIGKILL, exit codes)."""
+    return _run_python
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """A TCP port free right now, for torchrun's rendezvous."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> dict[str, Path]:
+    """Checkpoint folders of real trainer runs: ddp (world size 1, 2 epochs) and fsdp (torchrun,
+    2 processes, 2 epochs), shared by the collect and evaluate tests."""
+    root = tmp_path_factory.mktemp("trained")
+    common = ["--data", str(digits_dir), "--epochs", "2"]
+    ddp = _run_python(["-m", "kubetrain.train", *common, "--checkpoint-dir", str(root / "ddp")])
+    assert ddp.returncode == 0, ddp.stderr
+    fsdp = _run_python([
+        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        "-m", "kubetrain.train", *common, "--strategy", "fsdp", "--checkpoint-dir", str(root / "fsdp"),
+    ])
+    assert fsdp.returncode == 0, fsdp.stderr
+    return {"ddp": root / "ddp", "fsdp": root / "fsdp"}

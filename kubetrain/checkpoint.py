@@ -1,0 +1,345 @@
+"""Training checkpoints: atomic, verifiable, and readable without a process group.
+
+Layout (format ``kubetrain.checkpoint/v1``)::
+
+    CKPT_DIR/LATEST                  one line: the newest complete folder, e.g. epoch-000003
+    CKPT_DIR/epoch-000003/
+        manifest.json                format, epoch, step, world_size, strategy (ddp|fsdp),
+                                     model {spec, sample_shape, num_classes}, metrics (one dict
+                                     per finished epoch), files {relpath: sha256}, created
+        model.safetensors            ddp: the unwrapped module's full state dict
+        optimizer.pt                 ddp: optimizer state keyed by parameter name (torch.save)
+        dcp/...                      fsdp: a torch.distributed.checkpoint (DCP) checkpoint of
+                                     {"model": ..., "optim": ...} written by all ranks
+
+How a checkpoint is written, so that a crash never leaves a half-written one that looks done:
+
+1. rank 0 empties the hidden staging folder ``CKPT_DIR/.tmp-epoch-000003`` (a fixed name, so
+   that every FSDP rank writes into the same place), then all ranks meet at a barrier;
+2. the payload goes into the staging folder (rank 0 alone for ddp, every rank for fsdp);
+3. after a barrier, rank 0 writes manifest.json with the sha256 of every payload file, fsyncs
+   the folder and renames it to ``epoch-000003`` (:func:`kubetrain.atomic.publish_dir`);
+4. rank 0 atomically rewrites ``LATEST``.
+
+Readers ignore dot-folders and folders without a readable manifest, and the manifest is the
+last thing written before the rename, so a checkpoint folder either is complete or is not seen.
+With more than one node, ``CKPT_DIR`` must be storage that all nodes share: every rank reads
+it to resume, and every FSDP rank writes its shard into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kubetrain import atomic
+from kubetrain.errors import IntegrityError
+from kubetrain.integrity import folder_digests, verify_digests
+
+FORMAT = "kubetrain.checkpoint/v1"
+LATEST = "LATEST"
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+DCP_DIR = "dcp"
+STRATEGIES = ("ddp", "fsdp")
+_NAME = re.compile(r"epoch-(\d{6,})")
+_REQUIRED_KEYS = ("epoch", "step", "world_size", "strategy", "model", "metrics", "files")
+# DCP warns when used without a process group; loading that way is what we mean to do.
+_SINGLE_PROCESS_WARNING = ".*in a single process.*"
+_PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
+
+PathLike = str | os.PathLike[str]
+
+
+def checkpoint_name(epoch: int) -> str:
+    """Folder name of the checkpoint taken after ``epoch``; zero-padded so names sort by epoch."""
+    return f"epoch-{epoch:06d}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
+    """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed."""
+    path = Path(ckpt_path) / MANIFEST
+    if not path.is_file():
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: no {MANIFEST}, so it is not a complete checkpoint; "
+            "use the folder that CKPT_DIR/LATEST names"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: format {found!r} is not {FORMAT!r}; "
+            "it was not written by kubetrain.train"
+        )
+    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} lacks {', '.join(missing)}")
+    for key, kind in (("epoch", int), ("step", int), ("model", dict), ("files", dict)):
+        if not isinstance(manifest[key], kind):
+            raise IntegrityError(
+                f"checkpoint {ckpt_path}: {MANIFEST} field {key!r} is not a {kind.__name__}"
+            )
+    if manifest["strategy"] not in STRATEGIES:
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: unknown strategy {manifest['strategy']!r} in {MANIFEST}"
+        )
+    return manifest
+
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        read_manifest(folder)
+    except IntegrityError:
+        return False
+    return True
+
+
+def _epoch_of(folder: Path) -> int:
+    match = _NAME.fullmatch(folder.name)
+    return int(match.group(1)) if match else -1
+
+
+def latest_checkpoint(checkpoint_dir: PathLike) -> Path | None:
+    """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
+    try:
+        named = (root / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        named = ""
+    if _NAME.fullmatch(named) and _is_complete(root / named):
+        return root / named
+    folders = [p for p in root.iterdir() if p.is_dir() and _NAME.fullmatch(p.name)]
+    for folder in sorted(folders, key=_epoch_of, reverse=True):
+        if _is_complete(folder):
+            return folder
+    return None
+
+
+def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
+    """Check every file against its manifest sha256 (naming the bad one); return the manifest."""
+    manifest = read_manifest(ckpt_path)
+    for required in _PAYLOAD[manifest["strategy"]]:
+        if required not in manifest["files"]:
+            raise IntegrityError(
+                f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
+                "it is incomplete, use an earlier checkpoint"
+            )
+    verify_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
+    return manifest
+
+
+def _dcp_model_tensors(dcp_path: Path) -> dict[str, torch.Tensor]:
+    """Read the "model" entries of a DCP checkpoint into plain tensors, in this process alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = dcp.FileSystemReader(str(dcp_path)).read_metadata()
+    model: dict[str, torch.Tensor] = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        path = metadata.planner_data.get(key, ()) if metadata.planner_data else ()
+        if len(path) == 2 and path[0] == "model" and isinstance(entry, TensorStorageMetadata):
+            model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    if not model:
+        raise IntegrityError(f"checkpoint {dcp_path.parent}: its DCP checkpoint has no model")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
+        dcp.load({"model": model}, checkpoint_id=str(dcp_path), no_dist=True)
+    return model
+
+
+def load_full_state_dict(ckpt_path: PathLike, verify: bool = True) -> dict[str, torch.Tensor]:
+    """The model's full, unsharded state dict (plain module names), without a process group."""
+    manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
+    if manifest["strategy"] == "fsdp":
+        return _dcp_model_tensors(Path(ckpt_path) / DCP_DIR)
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(ckpt_path) / MODEL_FILE))
+
+
+def load_model(ckpt_path: PathLike, verify: bool = True) -> nn.Module:
+    """Rebuild the checkpoint's model from its manifest and load its weights, for evaluation."""
+    from kubetrain.models import build_model
+
+    manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
+    info = manifest["model"]
+    model = build_model(info["spec"], info["sample_shape"], info["num_classes"])
+    model.load_state_dict(load_full_state_dict(ckpt_path, verify=False))
+    return model
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _write_model_file(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write the model payload; a seam of its own so tests can interrupt it mid-write."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+
+
+def _plain_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous, unshared copies: what safetensors accepts (tied weights share storage)."""
+    return {
+        key: value.detach().to("cpu").contiguous().clone()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def save_checkpoint(
+    checkpoint_dir: PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epoch: int,
+    step: int,
+    strategy: str,
+    model_info: Mapping[str, Any],
+    metrics: Sequence[Mapping[str, Any]],
+) -> Path:
+    """Write the checkpoint of ``epoch`` (collective: every rank calls it) and return its path.
+
+    ``model`` may be wrapped in DDP or be FSDP2-sharded; ``model_info`` holds the spec,
+    sample_shape and num_classes that rebuild it.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
+    root = Path(checkpoint_dir)
+    final = root / checkpoint_name(epoch)
+    staged = root / f".tmp-{final.name}"
+    rank = _rank()
+    if rank == 0:
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+    _barrier()
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    if strategy == "fsdp":
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
+            dcp.save(
+                {"model": model_state, "optim": optim_state}, checkpoint_id=str(staged / DCP_DIR)
+            )
+    elif rank == 0:
+        _write_model_file(staged / MODEL_FILE, _plain_tensors(model_state))
+        torch.save(optim_state, staged / OPTIMIZER_FILE)
+    _barrier()
+
+    if rank == 0:
+        manifest = {
+            "format": FORMAT,
+            "epoch": epoch,
+            "step": step,
+            "world_size": _world_size(),
+            "strategy": strategy,
+            "model": dict(model_info),
+            "metrics": [dict(entry) for entry in metrics],
+            "files": folder_digests(staged, exclude=(MANIFEST,)),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        atomic.publish_dir(staged, final)
+        atomic.write_text(root / LATEST, final.name + "\n")
+    _barrier()
+    return final
+
+
+# --- resuming --------------------------------------------------------------------------------
+
+
+def _tensor_leaves(tree: Any) -> Any:
+    """The same nested dicts keeping only tensors, so DCP never unpickles a non-tensor entry."""
+    if isinstance(tree, Mapping):
+        kept = {key: _tensor_leaves(value) for key, value in tree.items()}
+        return {
+            key: value
+            for key, value in kept.items()
+            if value is not None and not (isinstance(value, dict) and not value)
+        }
+    return tree if isinstance(tree, torch.Tensor) else None
+
+
+def restore_checkpoint(
+    ckpt_path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """Load model and optimizer state (collective); return the manifest with epoch, step, metrics.
+
+    Works across strategies and world sizes (a ddp checkpoint into an FSDP model and back).
+    Optimizer hyperparameters stay those of ``optimizer``, so a resumed run follows its
+    command line (e.g. a new --lr).
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
+
+    manifest = verify_checkpoint(ckpt_path)
+    hyperparameters = [
+        {key: value for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
+    if manifest["strategy"] == "fsdp":
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        request = {"model": _tensor_leaves(model_state), "optim": _tensor_leaves(optim_state)}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
+            dcp.load(request, checkpoint_id=str(Path(ckpt_path) / DCP_DIR))
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+    else:
+        from safetensors.torch import load_file
+
+        model_state = load_file(str(Path(ckpt_path) / MODEL_FILE))
+        optim_state = torch.load(
+            Path(ckpt_path) / OPTIMIZER_FILE, map_location="cpu", weights_only=True
+        )
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
+    for group, saved in zip(optimizer.param_groups, hyperparameters, strict=True):
+        group.update(saved)
+    return manifest

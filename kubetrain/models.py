@@ -1,0 +1,95 @@
+"""Model specs: the built-in ``mlp`` and ``cnn``, or a user's ``package.module:callable``.
+
+A spec plus the dataset's sample shape and class count is all that is needed to rebuild a
+model, which is why checkpoints store exactly those three things.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from kubetrain.errors import InvalidInput
+
+BUILTIN_MODELS = ("mlp", "cnn")
+MODEL_FIX = "use mlp, cnn or package.module:callable"
+HIDDEN = 128
+
+
+def import_callable(spec: str, option: str, fix: str) -> Callable[..., Any]:
+    """Resolve ``package.module:callable``, reporting any failure against ``option``."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise InvalidInput(option, f"{spec!r} is not of the form package.module:callable", fix)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInput(option, f"cannot import module {module_name!r} ({exc})", fix) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise InvalidInput(
+                option, f"module {module_name!r} has no attribute {attribute!r}", fix
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise InvalidInput(option, f"{spec!r} is not callable", fix)
+    return target
+
+
+def mlp(sample_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """Flatten, two hidden ReLU layers: enough for digits and MNIST-sized inputs."""
+    features = math.prod(sample_shape)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(features, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, num_classes),
+    )
+
+
+def cnn(sample_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """Two padded conv blocks and adaptive pooling, so 8x8, 28x28 and 32x32 images all fit."""
+    if len(sample_shape) != 3:
+        raise InvalidInput(
+            "--model",
+            f"cnn needs [channels, height, width] samples, the data has {list(sample_shape)}",
+            "use --model mlp or a package.module:callable that accepts this shape",
+        )
+    channels = sample_shape[0]
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2, ceil_mode=True),
+        nn.Conv2d(32, 64, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 2 * 2, num_classes),
+    )
+
+
+_BUILDERS: dict[str, Callable[[Sequence[int], int], nn.Module]] = {"mlp": mlp, "cnn": cnn}
+
+
+def build_model(spec: str, sample_shape: Sequence[int], num_classes: int) -> torch.nn.Module:
+    """Build the model ``spec`` names for inputs of ``sample_shape`` and ``num_classes`` outputs."""
+    shape = [int(dim) for dim in sample_shape]
+    if spec in _BUILDERS:
+        return _BUILDERS[spec](shape, int(num_classes))
+    if ":" not in spec:
+        raise InvalidInput("--model", f"unknown model {spec!r}", MODEL_FIX)
+    factory = import_callable(spec, "--model", MODEL_FIX)
+    model = factory(shape, int(num_classes))
+    if not isinstance(model, nn.Module):
+        raise InvalidInput(
+            "--model", f"{spec} returned {type(model).__name__}, not a torch.nn.Module", MODEL_FIX
+        )
+    return model

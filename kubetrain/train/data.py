@@ -1,0 +1,150 @@
+"""Training data held as in-memory tensors and served a whole batch at a time.
+
+Indexing one sample at a time and collating costs more than the small models we train, so the
+sampler yields index lists and the dataset answers each list with one tensor gather.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
+
+from kubetrain import datasets
+from kubetrain.errors import InvalidInput
+from kubetrain.models import import_callable
+
+DATASET_FIX = "use prepared or a package.module:callable returning (x, y) tensors"
+
+
+@dataclass(frozen=True)
+class TrainData:
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def sample_shape(self) -> list[int]:
+        return list(self.train_x.shape[1:])
+
+
+def _checked(x: object, y: object, source: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coerce a custom dataset's split to float32 x / int64 y, refusing shapes we cannot train."""
+    try:
+        xt = torch.as_tensor(x, dtype=torch.float32)
+        yt = torch.as_tensor(y).long()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidInput(
+            "--dataset", f"{source} {split}: not tensors ({exc})", DATASET_FIX
+        ) from exc
+    if yt.dim() != 1 or xt.dim() < 2 or len(xt) != len(yt) or len(yt) == 0:
+        raise InvalidInput(
+            "--dataset",
+            f"{source} {split}: need x [N, ...] and y [N] with N > 0, got x {list(xt.shape)} "
+            f"and y {list(yt.shape)}",
+            DATASET_FIX,
+        )
+    return xt, yt
+
+
+def load_data(dataset: str, data_dir: Path | None) -> TrainData:
+    """Read the train and test splits, from a prepared folder or a user's callable."""
+    if dataset == "prepared":
+        assert data_dir is not None, "options validation requires --data for prepared"
+        manifest = datasets.read_manifest(data_dir)
+        train_x, train_y = datasets.load_split(data_dir, "train")
+        test_x, test_y = datasets.load_split(data_dir, "test")
+        num_classes = int(manifest["num_classes"])
+        if len(train_y) == 0 or len(test_y) == 0:
+            raise InvalidInput(
+                "--data",
+                f"{data_dir} has {len(train_y)} train and {len(test_y)} test samples",
+                "prepare a dataset with samples in both splits",
+            )
+    else:
+        loader = import_callable(dataset, "--dataset", DATASET_FIX)
+        location = None if data_dir is None else str(data_dir)
+        train_x, train_y = _checked(*loader(location, "train"), dataset, "train")
+        test_x, test_y = _checked(*loader(location, "test"), dataset, "test")
+        num_classes = int(max(train_y.max(), test_y.max())) + 1
+    if list(train_x.shape[1:]) != list(test_x.shape[1:]):
+        raise InvalidInput(
+            "--dataset",
+            f"train samples are {list(train_x.shape[1:])} but test samples "
+            f"{list(test_x.shape[1:])}",
+            "give both splits the same sample shape",
+        )
+    low = int(min(train_y.min(), test_y.min()))
+    high = int(max(train_y.max(), test_y.max()))
+    if low < 0 or high >= num_classes:
+        raise InvalidInput(
+            "--dataset", f"labels span {low}..{high}, outside 0..{num_classes - 1}", DATASET_FIX
+        )
+    return TrainData(train_x, train_y, test_x, test_y, num_classes)
+
+
+class BatchDataset(Dataset):
+    """In-memory (x, y) whose items are whole batches: ``dataset[list_of_indices]``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.x[index], self.y[index]
+
+
+def train_loader(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    pin_memory: bool,
+) -> tuple[DataLoader, DistributedSampler]:
+    """This rank's shuffled shard, batched; call ``sampler.set_epoch`` before each epoch.
+
+    DistributedSampler pads the shards to equal length, so every rank runs the same number
+    of steps, which DDP and FSDP collectives require.
+    """
+    dataset = BatchDataset(x, y)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+    )
+    batches = BatchSampler(sampler, batch_size=batch_size, drop_last=False)
+    loader = DataLoader(dataset, sampler=batches, batch_size=None, pin_memory=pin_memory)
+    return loader, sampler
+
+
+def eval_batches(
+    x: torch.Tensor, y: torch.Tensor, *, batch_size: int, rank: int, world_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """This rank's slice of the test set as ``(x, y, weight)`` batches.
+
+    Slices differ in length by at most one; the shorter ones are padded with weight-0 samples
+    so that every rank runs the same number of forwards (FSDP all-gathers in each one) and
+    the summed metrics count each test sample exactly once.
+    """
+    total = len(y)
+    per_rank = math.ceil(total / world_size)
+    start = min(rank * per_rank, total)
+    stop = min(start + per_rank, total)
+    index = torch.arange(start, stop)
+    weight = torch.ones(per_rank)
+    if len(index) < per_rank:
+        weight[len(index) :] = 0
+        index = torch.cat([index, torch.zeros(per_rank - len(index), dtype=torch.long)])
+    for begin in range(0, per_rank, batch_size):
+        chunk = index[begin : begin + batch_size]
+        yield x[chunk], y[chunk], weight[begin : begin + batch_size]

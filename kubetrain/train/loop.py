@@ -1,0 +1,114 @@
+"""One training epoch (with gradient accumulation and clipping) and one evaluation pass."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kubetrain.train.data import eval_batches
+from kubetrain.train.distributed import Runtime, all_reduce_sum, gradient_sync
+from kubetrain.train.progress import Reporter
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Totals over all ranks."""
+
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float
+    steps: int
+
+
+def _autocast(device: torch.device) -> torch.autocast:
+    """bf16 on GPU only: CPU autocast is slow and our CPU runs are tests and tiny models."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    num_batches: int,
+    runtime: Runtime,
+    grad_accum_steps: int,
+    clip_grad_norm: float,
+    reporter: Reporter,
+) -> EpochStats:
+    """Run one epoch; every ``grad_accum_steps`` micro-batches (and the last) make one step."""
+    device = runtime.device
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    seen = 0
+    steps = 0
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    for index, (x_cpu, y_cpu) in enumerate(batches):
+        x = x_cpu.to(device, non_blocking=True)
+        y = y_cpu.to(device, non_blocking=True)
+        group_start = index - index % grad_accum_steps
+        group_size = min(grad_accum_steps, num_batches - group_start)
+        last_in_group = index - group_start == group_size - 1
+        with gradient_sync(model, enabled=last_in_group):
+            with _autocast(device):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y)
+            (loss / group_size).backward()
+        if last_in_group:
+            if clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+        loss_sum += loss.detach().double() * len(y)
+        correct += (logits.detach().argmax(dim=1) == y).sum()
+        seen += len(y)
+        reporter.advance()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    total_loss, total_correct, total_seen = all_reduce_sum(
+        [loss_sum.item(), float(correct.item()), float(seen)], device
+    )
+    return EpochStats(
+        loss=total_loss / max(total_seen, 1),
+        accuracy=total_correct / max(total_seen, 1),
+        samples=int(total_seen),
+        seconds=seconds,
+        steps=steps,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, runtime: Runtime
+) -> tuple[float, float]:
+    """Mean loss and accuracy on the whole of (x, y), each rank scoring its own slice."""
+    device = runtime.device
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    for xb, yb, weight in eval_batches(
+        x, y, batch_size=batch_size, rank=runtime.rank, world_size=runtime.world_size
+    ):
+        xb, yb, weight = xb.to(device), yb.to(device), weight.to(device, torch.float64)
+        with _autocast(device):
+            logits = model(xb)
+        losses = F.cross_entropy(logits.float(), yb, reduction="none")
+        loss_sum += (losses.double() * weight).sum()
+        correct += ((logits.argmax(dim=1) == yb).double() * weight).sum()
+        count += weight.sum()
+    model.train()
+    total_loss, total_correct, total = all_reduce_sum(
+        [loss_sum.item(), correct.item(), count.item()], device
+    )
+    return total_loss / max(total, 1.0), total_correct / max(total, 1.0)

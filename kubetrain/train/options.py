@@ -1,0 +1,196 @@
+"""Command line of ``python -m kubetrain.train``, checked before any process group starts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from kubetrain.errors import InvalidInput
+from kubetrain.models import BUILTIN_MODELS, MODEL_FIX
+
+PROG = "kubetrain.train"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Validated options; every rank derives the same ones from the same command line."""
+
+    data: Path | None
+    dataset: str
+    model: str
+    strategy: str
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    grad_accum_steps: int
+    clip_grad_norm: float
+    checkpoint_dir: Path
+    checkpoint_every: int
+    resume: str
+    seed: int
+    device: str
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Report usage errors as one line, like every other kubetrain error (rank logs interleave)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}; see --help", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog=PROG,
+        description=(
+            "Train a classifier with DDP or FSDP2. Run it under torchrun for several processes "
+            "(topology from the PET_*/torchrun environment) or directly for one process."
+        ),
+    )
+    add = parser.add_argument
+    add(
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="prepared dataset folder (written by `kubetrain prep`)",
+    )
+    add(
+        "--dataset",
+        default="prepared",
+        help="prepared (read --data) or package.module:callable returning (x, y) tensors for "
+        "(data_dir, split); default: prepared",
+    )
+    add("--model", default="mlp", help="mlp, cnn or package.module:callable; default: mlp")
+    add(
+        "--strategy",
+        default="ddp",
+        choices=("ddp", "fsdp"),
+        help="ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); default: ddp",
+    )
+    add(
+        "--epochs",
+        type=int,
+        default=10,
+        help="total epochs to reach, counting resumed ones; default: 10",
+    )
+    add(
+        "--batch-size", type=int, default=32, help="samples per process per micro-step; default: 32"
+    )
+    add("--lr", type=float, default=1e-3, help="learning rate; default: 1e-3")
+    add(
+        "--optimizer",
+        default="adamw",
+        choices=("adamw", "sgd"),
+        help="adamw, or sgd with momentum 0.9; default: adamw",
+    )
+    add(
+        "--grad-accum-steps",
+        type=int,
+        default=1,
+        help="micro-batches whose gradients are summed before each optimizer step; default: 1",
+    )
+    add(
+        "--clip-grad-norm",
+        type=float,
+        default=1.0,
+        help="clip the global gradient norm to this value, 0 disables; default: 1.0",
+    )
+    add(
+        "--checkpoint-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder for checkpoints; with several nodes, storage they all share",
+    )
+    add(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="checkpoint every N epochs; the final epoch is always checkpointed; default: 1",
+    )
+    add(
+        "--resume",
+        default="auto",
+        choices=("auto", "never"),
+        help="auto: continue from the newest complete checkpoint in --checkpoint-dir; "
+        "never: start from scratch; default: auto",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        help="model init and shuffling seed (same on all ranks); per-rank randomness uses "
+        "seed + rank; default: 0",
+    )
+    add(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="auto picks cuda when available; default: auto",
+    )
+    return parser
+
+
+def _at_least(option: str, value: float, minimum: float, fix: str) -> None:
+    if not value >= minimum:  # also refuses NaN
+        raise InvalidInput(option, f"{value} is below {minimum}", fix)
+
+
+def validate(args: argparse.Namespace) -> TrainOptions:
+    """Turn parsed arguments into options, refusing values that would fail later or silently."""
+    _at_least("--epochs", args.epochs, 1, "pass --epochs 1 or more")
+    _at_least("--batch-size", args.batch_size, 1, "pass --batch-size 1 or more")
+    _at_least("--grad-accum-steps", args.grad_accum_steps, 1, "pass --grad-accum-steps 1 or more")
+    _at_least("--checkpoint-every", args.checkpoint_every, 1, "pass --checkpoint-every 1 or more")
+    _at_least("--clip-grad-norm", args.clip_grad_norm, 0, "pass a positive norm, or 0 to disable")
+    if not args.lr > 0:
+        raise InvalidInput(
+            "--lr", f"{args.lr} is not positive", "pass a learning rate such as 1e-3"
+        )
+    if args.dataset == "prepared":
+        if args.data is None:
+            raise InvalidInput("--data", "is required with --dataset prepared", "pass --data DIR")
+        if not args.data.is_dir():
+            raise InvalidInput(
+                "--data",
+                f"{args.data} is not a folder",
+                "pass a folder written by `kubetrain prep`",
+            )
+    elif ":" not in args.dataset:
+        raise InvalidInput(
+            "--dataset",
+            f"unknown dataset {args.dataset!r}",
+            "use prepared or package.module:callable",
+        )
+    if args.model not in BUILTIN_MODELS and ":" not in args.model:
+        raise InvalidInput("--model", f"unknown model {args.model!r}", MODEL_FIX)
+    if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        raise InvalidInput(
+            "--checkpoint-dir", f"{args.checkpoint_dir} is a file", "pass a folder path"
+        )
+    return TrainOptions(
+        data=args.data,
+        dataset=args.dataset,
+        model=args.model,
+        strategy=args.strategy,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        optimizer=args.optimizer,
+        grad_accum_steps=args.grad_accum_steps,
+        clip_grad_norm=args.clip_grad_norm,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def parse_options(argv: list[str] | None = None) -> TrainOptions:
+    return validate(build_parser().parse_args(argv))

@@ -1,0 +1,237 @@
+"""Checkpoint layout, atomicity under SIGKILL, integrity checks and resume state."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kubetrain import checkpoint
+from kubetrain.checkpoint import (
+    latest_checkpoint,
+    load_full_state_dict,
+    load_model,
+    read_manifest,
+    restore_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from kubetrain.errors import IntegrityError
+from kubetrain.models import build_model
+
+MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}
+
+
+def trained(seed: int = 0, steps: int = 2) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small model and an AdamW with real state (moments, step counts)."""
+    torch.manual_seed(seed)
+    model = build_model("mlp", [1, 8, 8], 10)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def save(ckpt_dir: Path, model, optimizer, epoch: int, strategy: str = "ddp") -> Path:
+    return save_checkpoint(
+        ckpt_dir,
+        model,
+        optimizer,
+        epoch=epoch,
+        step=10 * epoch,
+        strategy=strategy,
+        model_info=MODEL_INFO,
+        metrics=[{"epoch": e, "test_accuracy": 0.5} for e in range(1, epoch + 1)],
+    )
+
+
+def assert_same_weights(actual: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    expected = model.state_dict()
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(actual[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_save_writes_layout_latest_and_manifest(tmp_path: Path, strategy: str) -> None:
+    model, optimizer = trained()
+    save(tmp_path, model, optimizer, epoch=1, strategy=strategy)
+    path = save(tmp_path, model, optimizer, epoch=2, strategy=strategy)
+
+    assert path == tmp_path / "epoch-000002"
+    assert (tmp_path / "LATEST").read_text() == "epoch-000002\n"
+    assert latest_checkpoint(tmp_path) == path
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    manifest = verify_checkpoint(path)
+    assert manifest["format"] == "kubetrain.checkpoint/v1"
+    assert (manifest["epoch"], manifest["step"], manifest["world_size"]) == (2, 20, 1)
+    assert manifest["strategy"] == strategy
+    assert manifest["model"] == MODEL_INFO
+    assert [m["epoch"] for m in manifest["metrics"]] == [1, 2]
+    expected = {"ddp": {"model.safetensors", "optimizer.pt"}, "fsdp": {"dcp/.metadata"}}
+    assert expected[strategy] <= set(manifest["files"])
+    assert_same_weights(load_full_state_dict(path), model)
+    assert_same_weights(load_model(path).state_dict(), model)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_restore_brings_back_model_and_optimizer(tmp_path: Path, strategy: str) -> None:
+    model, optimizer = trained(seed=0)
+    path = save(tmp_path, model, optimizer, epoch=3, strategy=strategy)
+    fresh_model, fresh_optimizer = trained(seed=1, steps=1)
+    fresh_optimizer.param_groups[0]["lr"] = 5e-4  # a resumed run's own --lr must win
+
+    manifest = restore_checkpoint(path, fresh_model, fresh_optimizer)
+
+    assert (manifest["epoch"], manifest["step"]) == (3, 30)
+    assert_same_weights(fresh_model.state_dict(), model)
+    for before, after in zip(model.parameters(), fresh_model.parameters(), strict=True):
+        old, new = optimizer.state[before], fresh_optimizer.state[after]
+        torch.testing.assert_close(new["exp_avg"], old["exp_avg"])
+        torch.testing.assert_close(new["exp_avg_sq"], old["exp_avg_sq"])
+        assert float(new["step"]) == float(old["step"]) == 2
+    assert fresh_optimizer.param_groups[0]["lr"] == 5e-4
+
+
+def test_latest_checkpoint_skips_incomplete_and_hidden_folders(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None
+    model, optimizer = trained()
+    good = save(tmp_path, model, optimizer, epoch=2)
+    (tmp_path / "epoch-000007").mkdir()  # no manifest: a folder someone made by hand
+    hidden = tmp_path / ".tmp-epoch-000009"
+    hidden.mkdir()
+    (hidden / "manifest.json").write_text((good / "manifest.json").read_text())
+    broken = tmp_path / "epoch-000008"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+
+    (tmp_path / "LATEST").write_text("epoch-000008\n")
+    assert latest_checkpoint(tmp_path) == good
+    (tmp_path / "LATEST").write_text("../../etc\n")
+    assert latest_checkpoint(tmp_path) == good
+    (tmp_path / "LATEST").unlink()
+    assert latest_checkpoint(tmp_path) == good
+
+
+def test_read_manifest_names_the_folder_when_missing_or_invalid(tmp_path: Path) -> None:
+    with pytest.raises(IntegrityError, match=str(tmp_path)):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("[1, 2")
+    with pytest.raises(IntegrityError, match="unreadable"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "something/v9"}))
+    with pytest.raises(IntegrityError, match="something/v9"):
+        read_manifest(tmp_path)
+
+
+def test_flipped_byte_in_model_file_is_caught_and_named(tmp_path: Path) -> None:
+    model, optimizer = trained()
+    path = save(tmp_path, model, optimizer, epoch=1)
+    payload = path / "model.safetensors"
+    data = bytearray(payload.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    payload.write_bytes(bytes(data))
+
+    with pytest.raises(IntegrityError, match=r"model\.safetensors.*corrupt"):
+        verify_checkpoint(path)
+    with pytest.raises(IntegrityError, match=r"model\.safetensors"):
+        load_full_state_dict(path)
+    with pytest.raises(IntegrityError, match=r"model\.safetensors"):
+        restore_checkpoint(path, *trained())
+
+
+# The child saves epoch 1 cleanly, then SIGKILLs itself at one point of saving epoch 2.
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    import torch
+    from safetensors.torch import save as to_bytes, save_file
+    from kubetrain import atomic, checkpoint
+    sys.path.insert(0, sys.argv[4])
+    from test_checkpoint import save, trained
+
+    ckpt_dir, point, strategy = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    model, optimizer = trained(seed=0)
+    save(ckpt_dir, model, optimizer, epoch=1, strategy=strategy)
+    save_file(model.state_dict(), str(ckpt_dir.parent / "epoch1-weights.safetensors"))
+    trained_more, optimizer_more = trained(seed=1, steps=3)
+
+    def die(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def half_write(path, tensors):
+        data = to_bytes(tensors)
+        with open(path, "wb") as handle:
+            handle.write(data[: len(data) // 2])
+            handle.flush()
+            os.fsync(handle.fileno())
+        die()
+
+    if point == "payload":
+        checkpoint._write_model_file = half_write
+    elif point == "manifest":
+        checkpoint.folder_digests = die
+    elif point == "publish":
+        atomic.fsync_tree = die
+    elif point == "latest":
+        atomic.write_text = die
+    save(ckpt_dir, trained_more, optimizer_more, epoch=2, strategy=strategy)
+    sys.exit("not killed")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("point", "strategy"),
+    [("payload", "ddp"), ("manifest", "fsdp"), ("publish", "ddp"), ("latest", "ddp")],
+)
+def test_killed_save_is_never_returned_as_latest(
+    tmp_path: Path, run_python, point: str, strategy: str
+) -> None:
+    ckpt_dir = tmp_path / "ckpt"
+    script = tmp_path / "kill_during_save.py"
+    script.write_text(KILL_SCRIPT)
+    tests_dir = str(Path(__file__).parent)
+
+    child = run_python([str(script), str(ckpt_dir), point, strategy, tests_dir], timeout=60)
+
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    latest = latest_checkpoint(ckpt_dir)
+    assert latest == ckpt_dir / "epoch-000001"
+    assert (ckpt_dir / "LATEST").read_text().strip() == "epoch-000001"
+    if point == "latest":
+        assert verify_checkpoint(ckpt_dir / "epoch-000002")["epoch"] == 2  # complete, unnamed
+    else:
+        assert not (ckpt_dir / "epoch-000002").exists()
+        assert (ckpt_dir / ".tmp-epoch-000002").is_dir()  # the debris stays hidden
+    verify_checkpoint(latest)
+    from safetensors.torch import load_file
+
+    expected = load_file(str(tmp_path / "epoch1-weights.safetensors"))
+    actual = load_full_state_dict(latest)
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
+
+    # The next save of the same epoch clears the debris and publishes normally.
+    model, optimizer = trained(seed=2)
+    assert save(ckpt_dir, model, optimizer, epoch=2, strategy=strategy) == latest.with_name(
+        "epoch-000002"
+    )
+    assert latest_checkpoint(ckpt_dir) == ckpt_dir / "epoch-000002"
+    assert not (ckpt_dir / ".tmp-epoch-000002").exists()
+    assert_same_weights(load_full_state_dict(ckpt_dir / "epoch-000002"), model)
+
+
+def test_checkpoint_name_sorts_by_epoch() -> None:
+    names = [checkpoint.checkpoint_name(epoch) for epoch in (2, 10, 100)]
+    assert names == sorted(names) == ["epoch-000002", "epoch-000010", "epoch-000100"]

@@ -81,16 +81,31 @@ def free_port() -> Callable[[], int]:
 
 
 @pytest.fixture(scope="session")
-def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> dict[str, Path]:
+def trained_checkpoints(
+    tmp_path_factory: pytest.TempPathFactory, digits_dir: Path
+) -> dict[str, Path]:
     """Checkpoint folders of real trainer runs: ddp (world size 1, 2 epochs) and fsdp (torchrun,
     2 processes, 2 epochs), shared by the collect and evaluate tests."""
     root = tmp_path_factory.mktemp("trained")
     common = ["--data", str(digits_dir), "--epochs", "2"]
     ddp = _run_python(["-m", "kubetrain.train", *common, "--checkpoint-dir", str(root / "ddp")])
     assert ddp.returncode == 0, ddp.stderr
-    fsdp = _run_python([
-        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-        "-m", "kubetrain.train", *common, "--strategy", "fsdp", "--checkpoint-dir", str(root / "fsdp"),
-    ])
+    fsdp = _run_python(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "kubetrain.train",
+            *common,
+            "--strategy",
+            "fsdp",
+            "--checkpoint-dir",
+            str(root / "fsdp"),
+        ]
+    )
     assert fsdp.returncode == 0, fsdp.stderr
     return {"ddp": root / "ddp", "fsdp": root / "fsdp"}

@@ -20,7 +20,9 @@ def package_dir(package: str) -> Path:
     return Path(importlib.import_module(package).__file__).parent
 
 
-def compile_all(components_dir: Path | None = None, pipelines_dir: Path | None = None) -> list[Path]:
+def compile_all(
+    components_dir: Path | None = None, pipelines_dir: Path | None = None
+) -> list[Path]:
     """Write ``<components_dir>/<step>/component.yaml`` and
     ``<pipelines_dir>/compiled/<pipeline>.yaml``; defaults are the installed source folders."""
     from kfp import compiler
@@ -29,7 +31,9 @@ def compile_all(components_dir: Path | None = None, pipelines_dir: Path | None =
     pipelines_dir = pipelines_dir or package_dir("kubetrain.pipelines")
     written = []
     for step, function in COMPONENTS.items():
-        component = getattr(importlib.import_module(f"kubetrain.components.{step}.component"), function)
+        component = getattr(
+            importlib.import_module(f"kubetrain.components.{step}.component"), function
+        )
         target = components_dir / step / "component.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(component, str(target))

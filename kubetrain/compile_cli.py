@@ -16,9 +16,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "pipelines/compiled/training_pipeline.yaml (for `kfp run create`)."
         ),
     )
-    parser.add_argument("--output-dir", type=Path, default=None,
-                        help="write under DIR/components and DIR/pipelines instead of next to the "
-                             "sources")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write under DIR/components and DIR/pipelines instead of next to the sources",
+    )
     parser.set_defaults(handler=run)
 
 

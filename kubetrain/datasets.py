@@ -87,7 +87,8 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         raise IntegrityError(
-            f"dataset {data_dir}: no {MANIFEST}; point --data at a folder written by `kubetrain prep`"
+            f"dataset {data_dir}: no {MANIFEST}; "
+            "point --data at a folder written by `kubetrain prep`"
         )
     try:
         manifest = json.loads(path.read_text())
@@ -117,6 +118,7 @@ def load_split(data_dir: str | os.PathLike[str], split: str, verify: bool = True
     x, y = tensors["x"], tensors["y"]
     if len(x) != entry["count"] or len(y) != entry["count"]:
         raise IntegrityError(
-            f"dataset {data_dir}: split {split} has {len(x)} samples, manifest says {entry['count']}"
+            f"dataset {data_dir}: split {split} has {len(x)} samples, "
+            f"manifest says {entry['count']}"
         )
     return x, y

@@ -8,5 +8,8 @@ import os
 COMPONENT_IMAGE = os.environ.get(
     "KUBETRAIN_COMPONENT_IMAGE", "ghcr.io/kubetrain/kubetrain-components:0.1.0"
 )
-#: Image the TrainJob's `node` pods run: torch + kubetrain, entrypoint `torchrun -m kubetrain.train`.
-TRAINER_IMAGE = os.environ.get("KUBETRAIN_TRAINER_IMAGE", "ghcr.io/kubetrain/kubetrain-trainer:0.1.0")
+#: Image the TrainJob's `node` pods run: torch + kubetrain; they run
+#: `torchrun -m kubetrain.train`.
+TRAINER_IMAGE = os.environ.get(
+    "KUBETRAIN_TRAINER_IMAGE", "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
+)

@@ -18,7 +18,9 @@ NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 63
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Kubernetes resource quantity: a number with an optional binary/decimal suffix or exponent.
-QUANTITY_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+QUANTITY_PATTERN = re.compile(
+    r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+)
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 RESERVED_ENV_PREFIX = "PET_"
 
@@ -91,7 +93,9 @@ class RuntimeRef:
         validate_name(self.name, "runtime")
         if self.kind not in RUNTIME_KINDS:
             raise InvalidInput(
-                "runtime.kind", f"{self.kind!r} is unknown", f"use one of {', '.join(RUNTIME_KINDS)}"
+                "runtime.kind",
+                f"{self.kind!r} is unknown",
+                f"use one of {', '.join(RUNTIME_KINDS)}",
             )
 
 
@@ -118,20 +122,36 @@ class TrainJobSpec:
     def validate(self) -> TrainJobSpec:
         validate_name(self.name)
         if not self.command or not all(isinstance(part, str) and part for part in self.command):
-            raise InvalidInput("command", "is empty", "give the program to run, e.g. torchrun train.py")
+            raise InvalidInput(
+                "command", "is empty", "give the program to run, e.g. torchrun train.py"
+            )
         if not self.image or any(ch.isspace() for ch in self.image):
-            raise InvalidInput("image", f"{self.image!r} is not an image reference",
-                               "use e.g. ghcr.io/org/trainer:1.0")
-        for count_field, value in (("nodes", self.num_nodes), ("procs_per_node", self.procs_per_node)):
+            raise InvalidInput(
+                "image",
+                f"{self.image!r} is not an image reference",
+                "use e.g. ghcr.io/org/trainer:1.0",
+            )
+        for count_field, value in (
+            ("nodes", self.num_nodes),
+            ("procs_per_node", self.procs_per_node),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInput(count_field, f"{value!r} is not a whole number >= 1", "use 1 or more")
+                raise InvalidInput(
+                    count_field, f"{value!r} is not a whole number >= 1", "use 1 or more"
+                )
         for key in self.env:
             if not ENV_NAME_PATTERN.match(key):
-                raise InvalidInput("env", f"{key!r} is not a valid variable name",
-                                   "use letters, digits and '_', not starting with a digit")
+                raise InvalidInput(
+                    "env",
+                    f"{key!r} is not a valid variable name",
+                    "use letters, digits and '_', not starting with a digit",
+                )
             if key.startswith(RESERVED_ENV_PREFIX):
-                raise InvalidInput("env", f"{key} is set by the Trainer itself",
-                                   "use --nodes/--procs-per-node instead of PET_* variables")
+                raise InvalidInput(
+                    "env",
+                    f"{key} is set by the Trainer itself",
+                    "use --nodes/--procs-per-node instead of PET_* variables",
+                )
         self.resources_per_node.validate("resources_per_node")
         self.runtime.validate()
         for volume in self.volumes:

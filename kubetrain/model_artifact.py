@@ -22,10 +22,14 @@ def read_model_card(model_dir: str) -> dict[str, Any]:
         raise IntegrityError(f"model {model_dir}: no {MODEL_CARD}; collect the model first")
     card = json.loads(card_path.read_text())
     if card.get("format") != MODEL_FORMAT:
-        raise IntegrityError(f"model {model_dir}: format {card.get('format')!r} is not {MODEL_FORMAT}")
+        raise IntegrityError(
+            f"model {model_dir}: format {card.get('format')!r} is not {MODEL_FORMAT}"
+        )
     model_file = Path(model_dir) / MODEL_FILE
     if not model_file.is_file():
         raise IntegrityError(f"model {model_dir}: {MODEL_FILE} is missing")
     if sha256_file(model_file) != card["sha256"]:
-        raise IntegrityError(f"model {model_dir}: {model_file} does not match its sha256; re-collect it")
+        raise IntegrityError(
+            f"model {model_dir}: {model_file} does not match its sha256; re-collect it"
+        )
     return card

@@ -24,24 +24,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the model and metrics are."
         ),
     )
-    parser.add_argument("--dataset", default="sklearn:digits",
-                        help="dataset source (see `kubetrain prep --help`); default sklearn:digits")
+    parser.add_argument(
+        "--dataset",
+        default="sklearn:digits",
+        help="dataset source (see `kubetrain prep --help`); default sklearn:digits",
+    )
     parser.add_argument("--nodes", type=int, default=2, help="training nodes; default 2")
-    parser.add_argument("--procs-per-node", type=int, default=1,
-                        help="training processes per node; default 1")
-    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"),
-                        help="data-parallel strategy; default ddp")
+    parser.add_argument(
+        "--procs-per-node", type=int, default=1, help="training processes per node; default 1"
+    )
+    parser.add_argument(
+        "--strategy",
+        default="ddp",
+        choices=("ddp", "fsdp"),
+        help="data-parallel strategy; default ddp",
+    )
     parser.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
     parser.add_argument("--epochs", type=int, default=10, help="training epochs; default 10")
     parser.add_argument("--lr", type=float, default=0.001, help="learning rate; default 0.001")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size per process; default 32")
-    parser.add_argument("--threshold", type=float, default=0.95,
-                        help="accuracy the model must reach to pass; default 0.95")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train/test split; default 0")
-    parser.add_argument("--output", type=Path, default=Path("runs"),
-                        help="folder for the run's artifacts (KFP pipeline root); default ./runs")
-    parser.add_argument("--timeout", type=float, default=0,
-                        help="fail the wait step after this many seconds; default 0 = none")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="batch size per process; default 32"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=0.95,
+        help="accuracy the model must reach to pass; default 0.95",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the train/test split; default 0"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("runs"),
+        help="folder for the run's artifacts (KFP pipeline root); default ./runs",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        help="fail the wait step after this many seconds; default 0 = none",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -56,16 +80,25 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
     # trainer's `torchrun` is looked up next to it.
-    os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["PATH"] = (
+        f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
     pipeline_root = args.output.resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     started = time.monotonic()
     try:
         outputs = training_pipeline(
-            dataset_source=args.dataset, seed=args.seed, nodes=args.nodes,
-            procs_per_node=args.procs_per_node, strategy=args.strategy, model=args.model,
-            epochs=args.epochs, lr=float(args.lr), batch_size=args.batch_size,
-            accuracy_threshold=float(args.threshold), wait_timeout_seconds=float(args.timeout),
+            dataset_source=args.dataset,
+            seed=args.seed,
+            nodes=args.nodes,
+            procs_per_node=args.procs_per_node,
+            strategy=args.strategy,
+            model=args.model,
+            epochs=args.epochs,
+            lr=float(args.lr),
+            batch_size=args.batch_size,
+            accuracy_threshold=float(args.threshold),
+            wait_timeout_seconds=float(args.timeout),
         ).outputs
     except RuntimeError as exc:
         raise KubetrainError(f"pipeline failed: {exc}") from exc
@@ -73,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
     accuracy, passed = outputs["accuracy"], outputs["passed"]
     verdict = "passed" if passed else "below threshold"
     print()
-    print(f"kubetrain run: {args.nodes} node(s) x {args.procs_per_node} process(es), "
-          f"{args.strategy}, {args.epochs} epochs on {args.dataset}")
+    print(
+        f"kubetrain run: {args.nodes} node(s) x {args.procs_per_node} process(es), "
+        f"{args.strategy}, {args.epochs} epochs on {args.dataset}"
+    )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
     print(f"time     {elapsed:.1f}s")
     print(f"model    {outputs['model'].path}")

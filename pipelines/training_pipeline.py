@@ -64,7 +64,9 @@ def training_pipeline(
     wait.set_caching_options(False)
     collect = collect_checkpoint(checkpoint_dir=launch.outputs["checkpoint_dir"]).after(wait)
     evaluate = evaluate_model(
-        model=collect.outputs["model"], dataset=prep.outputs["dataset"], threshold=accuracy_threshold
+        model=collect.outputs["model"],
+        dataset=prep.outputs["dataset"],
+        threshold=accuracy_threshold,
     )
     outputs = NamedTuple(  # noqa: UP014
         "PipelineOutputs",

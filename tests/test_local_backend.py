@@ -27,10 +27,15 @@ def local_root(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def kubetrain(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def kubetrain(
+    *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "kubetrain", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=timeout,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
     )
 
 
@@ -41,7 +46,10 @@ def write_script(folder: Path, name: str, body: str) -> Path:
 
 
 def test_two_by_two_job_gives_a_torchrun_script_world_size_four(local_root, tmp_path):
-    write_script(tmp_path, "train.py", """
+    write_script(
+        tmp_path,
+        "train.py",
+        """
         import os
         import torch.distributed as dist
         dist.init_process_group("gloo")
@@ -49,9 +57,21 @@ def test_two_by_two_job_gives_a_torchrun_script_world_size_four(local_root, tmp_
               f"on node {os.environ['PET_NODE_RANK']}", flush=True)
         dist.barrier()
         dist.destroy_process_group()
-    """)
-    launched = kubetrain("launch", "--backend", "local", "--nodes", "2", "--procs-per-node", "2",
-                         "--", "torchrun", "train.py", cwd=tmp_path)
+    """,
+    )
+    launched = kubetrain(
+        "launch",
+        "--backend",
+        "local",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "2",
+        "--",
+        "torchrun",
+        "train.py",
+        cwd=tmp_path,
+    )
     assert launched.returncode == 0, launched.stderr
     name = launched.stdout.strip().splitlines()[-1]
 
@@ -70,24 +90,45 @@ def test_two_by_two_job_gives_a_torchrun_script_world_size_four(local_root, tmp_
 
 def test_each_node_gets_exactly_the_trainer_pet_environment(local_root, tmp_path):
     backend = LocalBackend()
-    script = ("import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
-              "if k.startswith('PET_')}))")
-    backend.launch(TrainJobSpec(name="env-job", command=("python", "-c", script), num_nodes=3,
-                                procs_per_node=4, env={"EXTRA": "1"}))
+    script = (
+        "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+        "if k.startswith('PET_')}))"
+    )
+    backend.launch(
+        TrainJobSpec(
+            name="env-job",
+            command=("python", "-c", script),
+            num_nodes=3,
+            procs_per_node=4,
+            env={"EXTRA": "1"},
+        )
+    )
     status = backend.wait("env-job", timeout=60)
     assert status.state == COMPLETE
     seen = [json.loads(next(backend.logs("env-job", node=rank))) for rank in range(3)]
     ports = {env["PET_MASTER_PORT"] for env in seen}
     assert len(ports) == 1 and int(ports.pop()) > 0
     for rank, env in enumerate(seen):
-        assert set(env) == {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
-                            "PET_MASTER_ADDR", "PET_MASTER_PORT"}
-        assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["PET_NODE_RANK"],
-                env["PET_MASTER_ADDR"]) == ("3", "4", str(rank), "127.0.0.1")
+        assert set(env) == {
+            "PET_NNODES",
+            "PET_NPROC_PER_NODE",
+            "PET_NODE_RANK",
+            "PET_MASTER_ADDR",
+            "PET_MASTER_PORT",
+        }
+        assert (
+            env["PET_NNODES"],
+            env["PET_NPROC_PER_NODE"],
+            env["PET_NODE_RANK"],
+            env["PET_MASTER_ADDR"],
+        ) == ("3", "4", str(rank), "127.0.0.1")
 
 
 def test_a_node_exiting_3_fails_wait_with_code_3_and_its_last_lines(local_root, tmp_path):
-    write_script(tmp_path, "fail.py", """
+    write_script(
+        tmp_path,
+        "fail.py",
+        """
         import os, sys, time
         rank = os.environ["PET_NODE_RANK"]
         for i in range(30):
@@ -96,7 +137,8 @@ def test_a_node_exiting_3_fails_wait_with_code_3_and_its_last_lines(local_root, 
             print("about to fail: disk on fire", flush=True)
             sys.exit(3)
         time.sleep(60)
-    """)
+    """,
+    )
     launched = kubetrain("launch", "--nodes", "2", "--", "python", "fail.py", cwd=tmp_path)
     name = launched.stdout.strip().splitlines()[-1]
     started = time.monotonic()
@@ -111,17 +153,24 @@ def test_a_node_exiting_3_fails_wait_with_code_3_and_its_last_lines(local_root, 
     assert status.nodes[0].exit_code is not None, "the other node was stopped and reaped"
 
 
-def test_delete_leaves_no_process_behind(local_root, tmp_path):
-    write_script(tmp_path, "sleepy.py", """
+def test_delete_leaves_no_process_behind(local_root, tmp_path, monkeypatch):
+    write_script(
+        tmp_path,
+        "sleepy.py",
+        """
         import os, time
         with open(f"pids-{os.environ['PET_NODE_RANK']}-{os.environ['LOCAL_RANK']}", "w") as f:
             f.write(str(os.getpid()))
         time.sleep(600)
-    """)
+    """,
+    )
     backend = LocalBackend()
-    os.chdir(tmp_path)
-    backend.launch(TrainJobSpec(name="sleepy", command=("torchrun", "sleepy.py"), num_nodes=2,
-                                procs_per_node=2))
+    monkeypatch.chdir(tmp_path)
+    backend.launch(
+        TrainJobSpec(
+            name="sleepy", command=("torchrun", "sleepy.py"), num_nodes=2, procs_per_node=2
+        )
+    )
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("pids-*"))) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -26,15 +26,31 @@ def fresh_compile(tmp_path_factory) -> Path:
 
 
 def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
-    documents = list(yaml.safe_load_all((REPO / "pipelines/compiled/training_pipeline.yaml").read_text()))
+    documents = list(
+        yaml.safe_load_all((REPO / "pipelines/compiled/training_pipeline.yaml").read_text())
+    )
     spec = json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
     assert spec.pipeline_info.name == "kubetrain-training"
     assert set(spec.root.dag.tasks) == {
-        "dataset-prep", "launch-trainjob", "wait-trainjob", "collect-checkpoint", "evaluate-model"
+        "dataset-prep",
+        "launch-trainjob",
+        "wait-trainjob",
+        "collect-checkpoint",
+        "evaluate-model",
     }
     assert "wait-trainjob" in spec.root.dag.tasks["collect-checkpoint"].dependent_tasks
-    for name in ("nodes", "procs_per_node", "strategy", "epochs", "lr", "batch_size", "image",
-                 "runtime", "accuracy_threshold", "dataset_source"):
+    for name in (
+        "nodes",
+        "procs_per_node",
+        "strategy",
+        "epochs",
+        "lr",
+        "batch_size",
+        "image",
+        "runtime",
+        "accuracy_threshold",
+        "dataset_source",
+    ):
         assert name in spec.root.input_definitions.parameters
     # no step reinstalls kfp at run time
     for executor in spec.deployment_spec["executors"].values():
@@ -42,12 +58,24 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
 
 
 def test_committed_yaml_is_not_stale(fresh_compile):
-    pairs = [(fresh_compile / "pipelines/compiled/training_pipeline.yaml",
-              REPO / "pipelines/compiled/training_pipeline.yaml")]
-    pairs += [(fresh_compile / "components" / step / "component.yaml",
-               REPO / "components" / step / "component.yaml") for step in COMPONENTS]
-    stale = [str(committed.relative_to(REPO)) for fresh, committed in pairs
-             if not committed.is_file() or committed.read_text() != fresh.read_text()]
+    pairs = [
+        (
+            fresh_compile / "pipelines/compiled/training_pipeline.yaml",
+            REPO / "pipelines/compiled/training_pipeline.yaml",
+        )
+    ]
+    pairs += [
+        (
+            fresh_compile / "components" / step / "component.yaml",
+            REPO / "components" / step / "component.yaml",
+        )
+        for step in COMPONENTS
+    ]
+    stale = [
+        str(committed.relative_to(REPO))
+        for fresh, committed in pairs
+        if not committed.is_file() or committed.read_text() != fresh.read_text()
+    ]
     assert stale == [], f"run `make compile` and commit: {stale}"
 
 
@@ -60,7 +88,10 @@ def test_component_yaml_loads_back(step):
 def run_pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "kubetrain", "run", "--output", str(tmp_path / "runs"), *args],
-        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
     )
 
 

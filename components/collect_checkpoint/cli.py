@@ -25,7 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = collect_checkpoint(args.checkpoint_dir, args.output)
     card = model.card
-    print(f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
-          f"world size {card['world_size']}) from {card['source_checkpoint']}")
+    print(
+        f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
+        f"world size {card['world_size']}) from {card['source_checkpoint']}"
+    )
     print(f"model {model.path} sha256 {model.sha256}")
     return 0

@@ -46,8 +46,10 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
             "no epoch-* folder with a manifest); check the training job's logs"
         )
     manifest = verify_checkpoint(checkpoint)
-    state = {key: tensor.detach().to("cpu").contiguous()
-             for key, tensor in load_full_state_dict(checkpoint).items()}
+    state = {
+        key: tensor.detach().to("cpu").contiguous()
+        for key, tensor in load_full_state_dict(checkpoint).items()
+    }
     if not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
 
@@ -69,4 +71,3 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
     (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     atomic.publish_dir(staged, output_dir)
     return CollectedModel(path=str(Path(output_dir) / MODEL_FILE), sha256=card["sha256"], card=card)
-

@@ -13,16 +13,18 @@ def collect_checkpoint(checkpoint_dir: str, model: dsl.Output[dsl.Model]):
     collected = collect(checkpoint_dir, model.path)
     card = collected.card
     final = card["metrics"][-1] if card["metrics"] else {}
-    model.metadata.update({
-        "framework": "pytorch",
-        "format": "safetensors",
-        "file": "model.safetensors",
-        "sha256": collected.sha256,
-        "epoch": card["epoch"],
-        "step": card["step"],
-        "world_size": card["world_size"],
-        "strategy": card["strategy"],
-        "model": card["model"]["spec"],
-        "metrics": final,
-    })
+    model.metadata.update(
+        {
+            "framework": "pytorch",
+            "format": "safetensors",
+            "file": "model.safetensors",
+            "sha256": collected.sha256,
+            "epoch": card["epoch"],
+            "step": card["step"],
+            "world_size": card["world_size"],
+            "strategy": card["strategy"],
+            "model": card["model"]["spec"],
+            "metrics": final,
+        }
+    )
     print(f"collected epoch {card['epoch']} ({card['strategy']}) sha256 {collected.sha256}")

@@ -18,8 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, help="folder written by `kubetrain collect`")
     parser.add_argument("--data", required=True, help="dataset folder written by `kubetrain prep`")
-    parser.add_argument("--threshold", type=float, default=0.95,
-                        help="accuracy (a fraction) the model must reach; default 0.95")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=0.95,
+        help="accuracy (a fraction) the model must reach; default 0.95",
+    )
     parser.add_argument("--json", action="store_true", help="print all metrics as JSON")
     parser.set_defaults(handler=run)
 
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**asdict(result), "passed": result.passed}, indent=2))
     verdict = "passed" if result.passed else "below threshold"
-    print(f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
-          f"{verdict} ({result.threshold:g})")
+    print(
+        f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
+        f"{verdict} ({result.threshold:g})"
+    )
     return 0 if result.passed else 3

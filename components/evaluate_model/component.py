@@ -24,10 +24,14 @@ def evaluate_model(
     metrics.log_metric("accuracy", result.accuracy)
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("test_samples", result.samples)
-    for name, precision, recall in zip(result.classes, result.precision, result.recall):
+    for name, precision, recall in zip(
+        result.classes, result.precision, result.recall, strict=True
+    ):
         metrics.log_metric(f"precision_{name}", precision)
         metrics.log_metric(f"recall_{name}", recall)
     classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
-    print(f"accuracy {result.accuracy:.3f} (threshold {threshold:g}): "
-          f"{'passed' if result.passed else 'below threshold'}")
+    print(
+        f"accuracy {result.accuracy:.3f} (threshold {threshold:g}): "
+        f"{'passed' if result.passed else 'below threshold'}"
+    )
     return namedtuple("EvaluateOutputs", ["passed", "accuracy"])(result.passed, result.accuracy)

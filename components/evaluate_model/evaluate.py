@@ -28,8 +28,9 @@ class Evaluation:
 
 def validate_threshold(threshold: float) -> float:
     if not 0.0 <= threshold <= 1.0:
-        raise InvalidInput("threshold", f"{threshold} is outside [0, 1]",
-                           "give accuracy as a fraction, e.g. 0.95")
+        raise InvalidInput(
+            "threshold", f"{threshold} is outside [0, 1]", "give accuracy as a fraction, e.g. 0.95"
+        )
     return threshold
 
 
@@ -48,32 +49,40 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
     spec = card["model"]
     if list(spec["sample_shape"]) != list(dataset["sample_shape"]):
         raise InvalidInput(
-            "dataset", f"samples are shaped {dataset['sample_shape']}, the model was trained on "
-            f"{spec['sample_shape']}", "evaluate on the dataset the model was trained with")
+            "dataset",
+            f"samples are shaped {dataset['sample_shape']}, the model was trained on "
+            f"{spec['sample_shape']}",
+            "evaluate on the dataset the model was trained with",
+        )
     if spec["num_classes"] != dataset["num_classes"]:
         raise InvalidInput(
-            "dataset", f"has {dataset['num_classes']} classes, the model predicts "
-            f"{spec['num_classes']}", "evaluate on the dataset the model was trained with")
+            "dataset",
+            f"has {dataset['num_classes']} classes, the model predicts {spec['num_classes']}",
+            "evaluate on the dataset the model was trained with",
+        )
     model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
     try:
         model.load_state_dict(load_file(str(Path(model_dir) / MODEL_FILE)), strict=True)
     except RuntimeError as exc:
-        raise IntegrityError(f"model {model_dir} does not fit model {spec['spec']!r}: {exc}") from exc
+        raise IntegrityError(
+            f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
+        ) from exc
     model.eval()
 
     x, y = load_split(data_dir, "test")
     total_loss, predictions = 0.0, []
     with torch.inference_mode():
         for start in range(0, len(x), EVAL_BATCH_SIZE):
-            logits = model(x[start:start + EVAL_BATCH_SIZE])
-            target = y[start:start + EVAL_BATCH_SIZE]
+            logits = model(x[start : start + EVAL_BATCH_SIZE])
+            target = y[start : start + EVAL_BATCH_SIZE]
             total_loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
             predictions.append(logits.argmax(dim=1))
     predicted = torch.cat(predictions).numpy()
     truth = y.numpy()
     labels = list(range(spec["num_classes"]))
     precision, recall, _f1, _support = precision_recall_fscore_support(
-        truth, predicted, labels=labels, zero_division=0)
+        truth, predicted, labels=labels, zero_division=0
+    )
     return Evaluation(
         accuracy=float((predicted == truth).mean()),
         loss=total_loss / len(truth),

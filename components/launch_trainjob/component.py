@@ -36,13 +36,25 @@ def launch_trainjob(
     from kubetrain.images import TRAINER_IMAGE
 
     options = TrainingOptions(
-        data_dir=dataset.path, checkpoint_dir=checkpoint_dir, strategy=strategy, model=model,
-        epochs=epochs, batch_size=batch_size, lr=lr,
+        data_dir=dataset.path,
+        checkpoint_dir=checkpoint_dir,
+        strategy=strategy,
+        model=model,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
     )
     result = launch_training(
-        options, backend=backend, job_name=job_name, run_name=run_name, nodes=nodes,
-        procs_per_node=procs_per_node, image=image or TRAINER_IMAGE, runtime=runtime,
+        options,
+        backend=backend,
+        job_name=job_name,
+        run_name=run_name,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        image=image or TRAINER_IMAGE,
+        runtime=runtime,
     )
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(
-        result.job_name, result.checkpoint_dir)
+        result.job_name, result.checkpoint_dir
+    )

@@ -31,11 +31,16 @@ class TrainingOptions:
 
     def validate(self) -> None:
         if not self.data_dir:
-            raise InvalidInput("data", "is empty", "give the dataset folder written by the prep step")
+            raise InvalidInput(
+                "data", "is empty", "give the dataset folder written by the prep step"
+            )
         if self.strategy not in STRATEGIES:
             raise InvalidInput("strategy", f"{self.strategy!r} is unknown", "use ddp or fsdp")
-        for field_name, value in (("epochs", self.epochs), ("batch_size", self.batch_size),
-                                  ("checkpoint_every", self.checkpoint_every)):
+        for field_name, value in (
+            ("epochs", self.epochs),
+            ("batch_size", self.batch_size),
+            ("checkpoint_every", self.checkpoint_every),
+        ):
             if value < 1:
                 raise InvalidInput(field_name, f"{value} is below 1", "use 1 or more")
         if not self.lr > 0:
@@ -43,15 +48,24 @@ class TrainingOptions:
 
     def trainer_args(self, checkpoint_dir: str) -> tuple[str, ...]:
         return (
-            "--data", self.data_dir,
-            "--checkpoint-dir", checkpoint_dir,
-            "--strategy", self.strategy,
-            "--model", self.model,
-            "--epochs", str(self.epochs),
-            "--batch-size", str(self.batch_size),
-            "--lr", repr(self.lr),
-            "--checkpoint-every", str(self.checkpoint_every),
-            "--resume", "auto",
+            "--data",
+            self.data_dir,
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--strategy",
+            self.strategy,
+            "--model",
+            self.model,
+            "--epochs",
+            str(self.epochs),
+            "--batch-size",
+            str(self.batch_size),
+            "--lr",
+            repr(self.lr),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--resume",
+            "auto",
         )
 
 

@@ -17,8 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
     parser.add_argument("--backend", default="local", help="where the job runs; default local")
-    parser.add_argument("--timeout", type=float, default=0,
-                        help="give up after this many seconds (exit 124); default 0 = wait forever")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        help="give up after this many seconds (exit 124); default 0 = wait forever",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
     parser.set_defaults(handler=run)
 

@@ -21,10 +21,15 @@ def wait_trainjob(
     from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
 
     try:
-        result = wait_for_job(job_name, backend=backend, timeout_seconds=timeout_seconds,
-                              on_log_line=lambda line: print(line, flush=True))
+        result = wait_for_job(
+            job_name,
+            backend=backend,
+            timeout_seconds=timeout_seconds,
+            on_log_line=lambda line: print(line, flush=True),
+        )
     except JobFailed as failure:
         print(failure, file=sys.stderr, flush=True)
         raise SystemExit(failure.exit_code) from None
     return namedtuple("WaitOutputs", ["state", "duration_seconds"])(
-        result.state, result.duration_seconds)
+        result.state, result.duration_seconds
+    )

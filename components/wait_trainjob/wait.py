@@ -33,12 +33,16 @@ class JobFailed(KubetrainError):
         exit_code = 128 - code if code < 0 else (code if 0 < code < 256 else 1)
         message = f"job {status.name} failed ({status.reason}): {status.message}"
         if node is not None and last_lines:
-            message += f"\nlast {len(last_lines)} lines of node {node.rank}:\n" + "\n".join(last_lines)
+            message += f"\nlast {len(last_lines)} lines of node {node.rank}:\n" + "\n".join(
+                last_lines
+            )
         super().__init__(message, exit_code=exit_code)
         self.status = status
 
 
-def last_log_lines(backend: Backend, status: JobStatus, count: int = FAILURE_LOG_LINES) -> list[str]:
+def last_log_lines(
+    backend: Backend, status: JobStatus, count: int = FAILURE_LOG_LINES
+) -> list[str]:
     node = status.failed_node
     if node is None:
         return []
@@ -55,7 +59,9 @@ def wait_for_job(
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
     if timeout_seconds < 0:
-        raise InvalidInput("timeout", f"{timeout_seconds} is negative", "use 0 (none) or more seconds")
+        raise InvalidInput(
+            "timeout", f"{timeout_seconds} is negative", "use 0 (none) or more seconds"
+        )
     backend_impl = get_backend(backend)
     started = time.monotonic()
     status = backend_impl.wait(job_name, timeout=timeout_seconds or None, on_log_line=on_log_line)

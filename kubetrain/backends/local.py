@@ -53,7 +53,8 @@ class LocalBackend:
         program_path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
         if shutil.which(spec.command[0], path=program_path) is None:
             raise InvalidInput(
-                "command", f"{spec.command[0]!r} is not found on PATH",
+                "command",
+                f"{spec.command[0]!r} is not found on PATH",
                 "give an installed program or a path to one",
             )
         job_dir = self.job_dir(spec.name)
@@ -62,7 +63,8 @@ class LocalBackend:
             job_dir.mkdir()
         except FileExistsError:
             raise InvalidInput(
-                "name", f"a local job named {spec.name!r} already exists",
+                "name",
+                f"a local job named {spec.name!r} already exists",
                 f"choose another name or run `kubetrain delete --backend local {spec.name}`",
             ) from None
         atomic.write_json(job_dir / "job.json", {"spec": spec.to_dict(), "cwd": os.getcwd()})
@@ -108,7 +110,8 @@ class LocalBackend:
             if deadline is not None and time.monotonic() > deadline:
                 raise KubetrainError(
                     f"timed out after {timeout:g}s waiting for job {name} (state {status.state}); "
-                    "raise --timeout or check `kubetrain logs`", exit_code=124,
+                    "raise --timeout or check `kubetrain logs`",
+                    exit_code=124,
                 )
             time.sleep(POLL_SECONDS)
 

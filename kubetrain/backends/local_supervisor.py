@@ -101,11 +101,17 @@ def supervise(job_dir: Path) -> JobStatus:
                 log.write(f"cannot start {spec.command[0]}: {exc}\n".encode())
                 stop_nodes(processes)
                 status.failed_rank = rank
-                return finish(job_dir, status, FAILED, "StartError",
-                              f"node {rank} could not start {spec.command[0]}: {exc}")
+                return finish(
+                    job_dir,
+                    status,
+                    FAILED,
+                    "StartError",
+                    f"node {rank} could not start {spec.command[0]}: {exc}",
+                )
     status.state, status.started_at = RUNNING, time.time()
     status.nodes = [
-        NodeStatus(rank=r, pid=p.pid, log=node_log(job_dir, r).name) for r, p in enumerate(processes)
+        NodeStatus(rank=r, pid=p.pid, log=node_log(job_dir, r).name)
+        for r, p in enumerate(processes)
     ]
     write_status(job_dir, status)
 
@@ -113,8 +119,13 @@ def supervise(job_dir: Path) -> JobStatus:
         if stop_requested:
             stop_nodes(processes)
             record_exits(status, processes)
-            return finish(job_dir, status, FAILED, "Stopped",
-                          f"stopped by {signal.Signals(stop_requested[0]).name}")
+            return finish(
+                job_dir,
+                status,
+                FAILED,
+                "Stopped",
+                f"stopped by {signal.Signals(stop_requested[0]).name}",
+            )
         for node, proc in zip(status.nodes, processes, strict=True):
             code = proc.poll()
             if code is not None and node.exit_code is None:
@@ -123,8 +134,13 @@ def supervise(job_dir: Path) -> JobStatus:
                     status.failed_rank = node.rank
                     stop_nodes(processes)
                     record_exits(status, processes)
-                    return finish(job_dir, status, FAILED, "NodeFailed",
-                                  f"node {node.rank} {describe_exit(code)}")
+                    return finish(
+                        job_dir,
+                        status,
+                        FAILED,
+                        "NodeFailed",
+                        f"node {node.rank} {describe_exit(code)}",
+                    )
         if all(node.exit_code == 0 for node in status.nodes):
             return finish(job_dir, status, COMPLETE, "Completed", "all nodes exited with code 0")
         time.sleep(POLL_SECONDS)

@@ -65,8 +65,17 @@ def test_missing_or_empty_checkpoint_folders_fail_clearly(tmp_path):
 
 
 def test_collect_cli(trained_checkpoints, tmp_path, run_python):
-    result = run_python(["-m", "kubetrain", "collect", "--checkpoint-dir",
-                         str(trained_checkpoints["ddp"]), "--output", str(tmp_path / "m")])
+    result = run_python(
+        [
+            "-m",
+            "kubetrain",
+            "collect",
+            "--checkpoint-dir",
+            str(trained_checkpoints["ddp"]),
+            "--output",
+            str(tmp_path / "m"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     assert "collected epoch 2 step" in result.stdout
     assert (tmp_path / "m" / "model.safetensors").is_file()

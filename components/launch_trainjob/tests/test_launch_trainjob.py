@@ -25,7 +25,9 @@ def local_root(tmp_path, monkeypatch):
 def test_launch_records_a_torchrun_spec_and_returns_at_once(local_root, digits_dir):
     result = launch_training(
         TrainingOptions(data_dir=str(digits_dir), strategy="fsdp", epochs=1),
-        job_name="fsdp-one", nodes=2, procs_per_node=2,
+        job_name="fsdp-one",
+        nodes=2,
+        procs_per_node=2,
     )
     assert result.job_name == "fsdp-one"
     assert result.checkpoint_dir == str(local_root / "fsdp-one" / "checkpoints")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubetrain.errors import InvalidInput
@@ -23,6 +24,14 @@ QUANTITY_PATTERN = re.compile(
 )
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 RESERVED_ENV_PREFIX = "PET_"
+# Label keys: optional DNS-subdomain prefix + "/" + name; values: at most 63 characters.
+LABEL_NAME_PATTERN = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+DNS_SUBDOMAIN_PATTERN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+MAX_SCRIPT_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
 
 
 def validate_name(name: str, field_name: str = "name") -> str:
@@ -41,6 +50,79 @@ def validate_name(name: str, field_name: str = "name") -> str:
             "use lowercase letters, digits and '-', starting with a letter and not ending in '-'",
         )
     return name
+
+
+def validate_labels(labels: dict[str, str], field_name: str) -> None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        valid_key = (
+            bool(name)
+            and len(name) <= 63
+            and LABEL_NAME_PATTERN.match(name)
+            and (not prefix or (len(prefix) <= 253 and DNS_SUBDOMAIN_PATTERN.match(prefix)))
+        )
+        if not valid_key:
+            raise InvalidInput(
+                field_name, f"{key!r} is not a valid label key", "use e.g. team or example.com/team"
+            )
+        if len(value) > 63 or not LABEL_NAME_PATTERN.match(value):
+            raise InvalidInput(
+                field_name,
+                f"value {value!r} of {key} is not a valid label value",
+                "use at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
+            )
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration, so nodes can run on tainted (e.g. GPU) machines."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def validate(self) -> None:
+        if self.operator not in TOLERATION_OPERATORS:
+            raise InvalidInput(
+                "tolerations.operator", f"{self.operator!r} is unknown", "use Equal or Exists"
+            )
+        if self.effect not in TOLERATION_EFFECTS:
+            raise InvalidInput(
+                "tolerations.effect",
+                f"{self.effect!r} is unknown",
+                "use NoSchedule, PreferNoSchedule, NoExecute or leave it empty",
+            )
+        if self.operator == "Exists" and self.value:
+            raise InvalidInput(
+                "tolerations.value", "must be empty with operator Exists", "drop the value"
+            )
+
+
+@dataclass(frozen=True)
+class Initializer:
+    """Data the Trainer's initializer fetches before training (dataset or model).
+
+    Credentials are referenced by Secret name only, never carried as values.
+    """
+
+    storage_uri: str
+    secret_name: str = ""
+
+    def validate(self, field_name: str) -> None:
+        scheme, sep, rest = self.storage_uri.partition("://")
+        if not sep or not scheme or not rest:
+            raise InvalidInput(
+                f"{field_name}.storage_uri",
+                f"{self.storage_uri!r} is not a URI",
+                "use e.g. hf://org/dataset or s3://bucket/path",
+            )
+        if self.secret_name and not DNS_SUBDOMAIN_PATTERN.match(self.secret_name):
+            raise InvalidInput(
+                f"{field_name}.secret_name",
+                f"{self.secret_name!r} is not a Secret name",
+                "name an existing Secret (lowercase, digits, '-', '.')",
+            )
 
 
 @dataclass(frozen=True)
@@ -118,6 +200,17 @@ class TrainJobSpec:
     runtime: RuntimeRef = field(default_factory=RuntimeRef)
     volumes: tuple[Volume, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    service_account: str = ""
+    suspend: bool = False
+    active_deadline_seconds: int | None = None
+    dataset_initializer: Initializer | None = None
+    model_initializer: Initializer | None = None
+    #: A local training script shipped with the job (as a ConfigMap mounted at /workspace on a
+    #: cluster); empty when the script is baked into the image or lies on a mounted volume.
+    script: str = ""
 
     def validate(self) -> TrainJobSpec:
         validate_name(self.name)
@@ -156,7 +249,42 @@ class TrainJobSpec:
         self.runtime.validate()
         for volume in self.volumes:
             volume.validate()
+        validate_labels(self.labels, "labels")
+        validate_labels(self.pod_labels, "pod_labels")
+        validate_labels(self.node_selector, "node_selector")
+        for toleration in self.tolerations:
+            toleration.validate()
+        if self.service_account and not DNS_SUBDOMAIN_PATTERN.match(self.service_account):
+            raise InvalidInput(
+                "service_account",
+                f"{self.service_account!r} is not a ServiceAccount name",
+                "use lowercase letters, digits, '-' and '.'",
+            )
+        if self.active_deadline_seconds is not None and self.active_deadline_seconds < 1:
+            raise InvalidInput(
+                "active_deadline_seconds",
+                f"{self.active_deadline_seconds} is below 1",
+                "use a positive number of seconds, or none",
+            )
+        if self.dataset_initializer is not None:
+            self.dataset_initializer.validate("dataset_initializer")
+        if self.model_initializer is not None:
+            self.model_initializer.validate("model_initializer")
+        if self.script:
+            self._validate_script()
         return self
+
+    def _validate_script(self) -> None:
+        path = Path(self.script)
+        if not path.is_file():
+            raise InvalidInput("script", f"{self.script} is not a file", "give a local .py file")
+        size = path.stat().st_size
+        if size > MAX_SCRIPT_BYTES:
+            raise InvalidInput(
+                "script",
+                f"{self.script} is {size} bytes, more than a ConfigMap's {MAX_SCRIPT_BYTES}",
+                "bake the script into the image or put it on a mounted volume",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,4 +303,17 @@ class TrainJobSpec:
             runtime=RuntimeRef(**data.get("runtime", {})),
             volumes=tuple(Volume(**v) for v in data.get("volumes", ())),
             labels=dict(data.get("labels", {})),
+            pod_labels=dict(data.get("pod_labels", {})),
+            node_selector=dict(data.get("node_selector", {})),
+            tolerations=tuple(Toleration(**t) for t in data.get("tolerations", ())),
+            service_account=data.get("service_account", ""),
+            suspend=data.get("suspend", False),
+            active_deadline_seconds=data.get("active_deadline_seconds"),
+            dataset_initializer=_optional(Initializer, data.get("dataset_initializer")),
+            model_initializer=_optional(Initializer, data.get("model_initializer")),
+            script=data.get("script", ""),
         )
+
+
+def _optional(kind: type, data: dict[str, Any] | None) -> Any:
+    return None if data is None else kind(**data)

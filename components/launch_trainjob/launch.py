@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubetrain.backends import get_backend
+from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.errors import InvalidInput
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec
@@ -82,10 +82,11 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
     return derive_job_name(run_name) if run_name else random_job_name()
 
 
-def launch_job(spec: TrainJobSpec, backend: str = "local") -> str:
+def launch_job(
+    spec: TrainJobSpec, backend: str = "local", options: BackendOptions | None = None
+) -> str:
     """Create the job on ``backend`` and return its name without waiting for it to run."""
-    backend_impl = get_backend(backend)
-    return backend_impl.launch(spec.validate())
+    return get_backend(backend, options).launch(spec.validate())
 
 
 def launch_training(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kubetrain.components.launch_trainjob.cli import parse_env
+from kubetrain.components.launch_trainjob.cli import parse_pairs
 from kubetrain.components.launch_trainjob.launch import (
     TrainingOptions,
     launch_training,
@@ -72,6 +72,6 @@ def test_bad_topology_creates_nothing(local_root):
 
 
 def test_env_pairs_must_be_key_value():
-    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    assert parse_pairs(["A=1", "B=x=y"], "--env") == {"A": "1", "B": "x=y"}
     with pytest.raises(InvalidInput, match="--env"):
-        parse_env(["NOVALUE"])
+        parse_pairs(["NOVALUE"], "--env")

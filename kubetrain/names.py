@@ -22,3 +22,9 @@ def derive_job_name(run: str, step: str = "train") -> str:
 
 def random_job_name(prefix: str = "kubetrain") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def label_value(text: str) -> str:
+    """``text`` made into a valid Kubernetes label value (≤ 63 chars, alphanumeric ends)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)

@@ -2,7 +2,7 @@
 
 from typing import NamedTuple
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from kubetrain.components.collect_checkpoint.component import collect_checkpoint
 from kubetrain.components.dataset_prep.component import dataset_prep
@@ -11,6 +11,8 @@ from kubetrain.components.launch_trainjob.component import launch_trainjob
 from kubetrain.components.wait_trainjob.component import wait_trainjob
 
 PIPELINE_NAME = "kubetrain-training"
+#: Where the launch and collect steps (and the TrainJob's nodes) mount the shared PVC.
+SHARED_MOUNT = "/mnt/shared"
 
 
 @dsl.pipeline(
@@ -37,6 +39,9 @@ def training_pipeline(
     checkpoint_dir: str = "",
     accuracy_threshold: float = 0.95,
     wait_timeout_seconds: float = 0,
+    namespace: str = "default",
+    shared_pvc: str = "kubetrain-shared",
+    service_account: str = "",
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
     [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
@@ -56,13 +61,21 @@ def training_pipeline(
         checkpoint_dir=checkpoint_dir,
         image=image,
         runtime=runtime,
+        namespace=namespace,
+        shared_pvc=shared_pvc,
+        shared_mount=SHARED_MOUNT,
+        service_account=service_account,
     )
     launch.set_caching_options(False)
+    # On a cluster, the dataset and checkpoints travel through a ReadWriteMany PVC that the
+    # TrainJob's nodes mount too (KFP's local runner ignores these mounts).
+    kubernetes.mount_pvc(launch, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
     wait = wait_trainjob(
         job_name=launch.outputs["job_name"], backend=backend, timeout_seconds=wait_timeout_seconds
     )
     wait.set_caching_options(False)
     collect = collect_checkpoint(checkpoint_dir=launch.outputs["checkpoint_dir"]).after(wait)
+    kubernetes.mount_pvc(collect, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
     evaluate = evaluate_model(
         model=collect.outputs["model"],
         dataset=prep.outputs["dataset"],

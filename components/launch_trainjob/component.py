@@ -23,17 +23,27 @@ def launch_trainjob(
     checkpoint_dir: str = "",
     image: str = "",
     runtime: str = "torch-distributed",
+    namespace: str = "default",
+    shared_pvc: str = "",
+    shared_mount: str = "/mnt/shared",
+    service_account: str = "",
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
     The job name is ``job_name`` if given, else derived from ``run_name`` (pass the pipeline
     run's name so a retried step finds its own job). An empty ``image`` means the trainer image
     configured in the components image ($KUBETRAIN_TRAINER_IMAGE, else ours).
+
+    On a cluster backend with ``shared_pvc`` (mounted into this step at ``shared_mount``, e.g.
+    with kfp-kubernetes ``mount_pvc``), the dataset is copied onto the claim and the TrainJob's
+    nodes mount it at the same path for data and checkpoints.
     """
     from collections import namedtuple
 
+    from kubetrain.backends import BackendOptions
     from kubetrain.components.launch_trainjob.launch import TrainingOptions, launch_training
     from kubetrain.images import TRAINER_IMAGE
+    from kubetrain.jobspec import Volume
 
     options = TrainingOptions(
         data_dir=dataset.path,
@@ -53,6 +63,11 @@ def launch_trainjob(
         procs_per_node=procs_per_node,
         image=image or TRAINER_IMAGE,
         runtime=runtime,
+        backend_options=BackendOptions(namespace=namespace),
+        shared_volume=Volume(name="shared", claim_name=shared_pvc, mount_path=shared_mount)
+        if shared_pvc and backend != "local"
+        else None,
+        service_account=service_account,
     )
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.errors import InvalidInput
 from kubetrain.images import TRAINER_IMAGE
-from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec
-from kubetrain.names import derive_job_name, random_job_name
+from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec, Volume
+from kubetrain.names import derive_job_name, label_value, random_job_name
+from kubetrain.staging import stage_dataset
 
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
@@ -100,24 +102,47 @@ def launch_training(
     runtime: str = "torch-distributed",
     resources: Resources | None = None,
     env: dict[str, str] | None = None,
+    backend_options: BackendOptions | None = None,
+    shared_volume: Volume | None = None,
+    service_account: str = "",
 ) -> LaunchResult:
-    """Launch our DDP/FSDP trainer as a distributed job; the checkpoint folder it will write
-    defaults to the backend's per-job folder."""
+    """Launch our DDP/FSDP trainer as a distributed job.
+
+    With ``shared_volume`` (a PVC this step has mounted at its ``mount_path``, as the nodes
+    will), the dataset is first copied onto it and checkpoints default to it; otherwise the
+    checkpoint folder defaults to the backend's per-job folder.
+    """
     options.validate()
     name = resolve_job_name(job_name, run_name)
-    backend_impl = get_backend(backend)
-    checkpoint_dir = options.checkpoint_dir or backend_impl.default_checkpoint_dir(name)
+    backend_impl = get_backend(backend, backend_options)
+    data_dir, volumes = options.data_dir, ()
+    if shared_volume is not None:
+        data_dir = str(Path(shared_volume.mount_path) / "datasets" / name)
+        volumes = (shared_volume,)
+    checkpoint_dir = options.checkpoint_dir or (
+        str(Path(shared_volume.mount_path) / "checkpoints" / name)
+        if shared_volume is not None
+        else backend_impl.default_checkpoint_dir(name)
+    )
+    labels = {"app.kubernetes.io/managed-by": "kubetrain"}
+    if run_name:
+        labels["kubetrain.io/run-name"] = label_value(run_name)
     spec = TrainJobSpec(
         name=name,
         command=TRAINER_COMMAND,
-        args=options.trainer_args(checkpoint_dir),
+        args=replace(options, data_dir=data_dir).trainer_args(checkpoint_dir),
         image=image,
         env=dict(env or {}),
         num_nodes=nodes,
         procs_per_node=procs_per_node,
         resources_per_node=resources or Resources(),
         runtime=RuntimeRef(name=runtime),
-        labels={"app.kubernetes.io/managed-by": "kubetrain"},
+        volumes=volumes,
+        labels=labels,
+        pod_labels=labels,
+        service_account=service_account,
     ).validate()
+    if shared_volume is not None:
+        stage_dataset(options.data_dir, data_dir)
     backend_impl.launch(spec)
     return LaunchResult(job_name=name, checkpoint_dir=checkpoint_dir)

@@ -1,0 +1,31 @@
+"""Copy a prepared dataset onto storage the training pods share (a mounted PVC).
+
+On a cluster, a KFP artifact lives in the pipeline's object store, which the TrainJob's pods
+cannot read; the launch step, which mounts the shared volume, copies the dataset there first.
+The copy is published atomically and reused when an identical one is already there.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from kubetrain import atomic
+from kubetrain.datasets import read_manifest
+
+
+def stage_dataset(source_dir: str, target_dir: str) -> str:
+    """Publish a copy of ``source_dir`` at ``target_dir`` unless an identical one is there."""
+    source_manifest = read_manifest(source_dir)
+    target = Path(target_dir)
+    if (target / "manifest.json").is_file():
+        if read_manifest(target) == source_manifest:
+            return str(target)
+    staged = atomic.staging_dir(target)
+    try:
+        shutil.copytree(source_dir, staged, dirs_exist_ok=True)
+        atomic.publish_dir(staged, target)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return str(target)

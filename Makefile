@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.kubetrain-installed
 
-.PHONY: setup run test lint format compile clean
+.PHONY: setup run test lint format compile clean e2e-cluster
 
 setup: $(STAMP)
 
@@ -36,3 +36,7 @@ compile: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
+
+# Opt-in: the steps against the real cluster in $KUBECONFIG (see README, "On a real cluster").
+e2e-cluster: setup
+	KUBETRAIN_E2E_CLUSTER=1 $(BIN)/python -m pytest -v tests/e2e_cluster

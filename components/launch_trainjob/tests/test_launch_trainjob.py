@@ -75,3 +75,38 @@ def test_env_pairs_must_be_key_value():
     assert parse_pairs(["A=1", "B=x=y"], "--env") == {"A": "1", "B": "x=y"}
     with pytest.raises(InvalidInput, match="--env"):
         parse_pairs(["NOVALUE"], "--env")
+
+
+def test_a_shared_volume_gets_the_dataset_and_the_checkpoints(local_root, digits_dir, tmp_path):
+    from kubetrain.backends.local import LocalBackend
+    from kubetrain.datasets import read_manifest
+    from kubetrain.jobspec import Volume
+
+    shared = tmp_path / "shared"
+    volume = Volume(name="shared", claim_name="kubetrain-shared", mount_path=str(shared))
+    result = launch_training(
+        TrainingOptions(data_dir=str(digits_dir), epochs=1),
+        job_name="staged",
+        nodes=1,
+        shared_volume=volume,
+        run_name="kubetrain-training-2026-11-23-09-10-00-685339",
+    )
+    staged = shared / "datasets" / "staged"
+    assert read_manifest(staged) == read_manifest(digits_dir)
+    assert result.checkpoint_dir == str(shared / "checkpoints" / "staged")
+    spec = json.loads((local_root / "staged" / "job.json").read_text())["spec"]
+    assert spec["args"][spec["args"].index("--data") + 1] == str(staged)
+    assert spec["volumes"] == [
+        {
+            "name": "shared",
+            "claim_name": "kubetrain-shared",
+            "mount_path": str(shared),
+            "read_only": False,
+        }
+    ]
+    assert (
+        spec["labels"]["kubetrain.io/run-name"] == "kubetrain-training-2026-11-23-09-10-00-685339"
+    )
+    status = LocalBackend().wait("staged", timeout=120)
+    assert status.state == "Complete", LocalBackend().logs("staged")
+    assert (shared / "checkpoints" / "staged" / "LATEST").is_file()

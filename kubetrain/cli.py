@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES = (
     "kubetrain.jobs_cli",
     "kubetrain.run_cli",
     "kubetrain.compile_cli",
+    "kubetrain.submit_cli",
 )
 
 

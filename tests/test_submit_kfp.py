@@ -1,0 +1,90 @@
+"""`kubetrain submit kfp` creates a run through the real KFP client over HTTP.
+
+No KFP server runs here, so a minimal one answers the four calls a run needs (healthz,
+experiment lookup and creation, run creation) and records what it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+class FakeKfpApi(BaseHTTPRequestHandler):
+    received: list[tuple[str, str, dict]] = []
+
+    def _reply(self, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.received.append(("GET", self.path, {}))
+        if self.path.startswith("/apis/v2beta1/healthz"):
+            self._reply({"multi_user": False})
+        else:
+            self._reply({"experiments": [], "total_size": 0})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self.received.append(("POST", self.path, body))
+        if self.path.startswith("/apis/v2beta1/experiments"):
+            self._reply({"experiment_id": "exp-1", "display_name": body.get("display_name")})
+        else:
+            self._reply({"run_id": "run-42", "display_name": body.get("display_name")})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def kfp_api():
+    FakeKfpApi.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKfpApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", FakeKfpApi.received
+    server.shutdown()
+
+
+def submit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kubetrain", "submit", "kfp", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_submit_creates_a_run_with_typed_parameters(kfp_api):
+    host, received = kfp_api
+    result = submit("--host", host, "--param", "nodes=4", "--param", "strategy=fsdp",
+                    "--param", "lr=0.01", "--run-name", "digits-fsdp")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "run-42"
+    ((_, _, run),) = [r for r in received if r[0] == "POST" and "/runs" in r[1]]
+    assert run["display_name"] == "digits-fsdp"
+    assert run["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "kubetrain-training"
+    assert "pvcMount" in json.dumps(run["pipeline_spec"]["platform_spec"])
+    assert run["runtime_config"]["parameters"] == {"nodes": 4, "strategy": "fsdp", "lr": 0.01}
+    assert run["experiment_id"] == "exp-1"
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [("gpus=2", "no parameter 'gpus'"), ("nodes=two", "nodes: 'two' is not a number_integer"),
+     ("nodes", "is not NAME=VALUE")],
+)  # fmt: skip
+def test_bad_parameters_are_refused_before_contacting_the_server(kfp_api, param, message):
+    host, received = kfp_api
+    result = submit("--host", host, "--param", param)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert received == []

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(
 
 NAMESPACE = os.environ.get("KUBETRAIN_E2E_NAMESPACE", "default")
 RUNTIME = os.environ.get("KUBETRAIN_E2E_RUNTIME", "torch-ddp-cpu")
+# Our runtimes mount the kubetrain-shared PVC here on every node.
 SHARED = "/mnt/shared"
-VOLUME = f"shared=kubetrain-shared:{SHARED}"
 
 
 def kubetrain(*args: str, timeout: float = 1200) -> str:
@@ -41,7 +41,7 @@ def run_on_cluster(name: str, *command: str, nodes: int = 1) -> str:
     """Launch a job on the cluster, wait for it and return what its rank 0 printed."""
     kubetrain(
         "launch", "--backend", "trainer", "--namespace", NAMESPACE, "--runtime", RUNTIME,
-        "--name", name, "--nodes", str(nodes), "--volume", VOLUME, "--", *command,
+        "--name", name, "--nodes", str(nodes), "--", *command,
     )  # fmt: skip
     return kubetrain("wait", "--backend", "trainer", "--namespace", NAMESPACE, name)
 

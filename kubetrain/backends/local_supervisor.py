@@ -117,39 +117,34 @@ def supervise(job_dir: Path) -> JobStatus:
 
     while True:
         if stop_requested:
-            stop_nodes(processes)
-            record_exits(status, processes)
-            return finish(
-                job_dir,
-                status,
-                FAILED,
-                "Stopped",
-                f"stopped by {signal.Signals(stop_requested[0]).name}",
-            )
+            reason = f"stopped by {signal.Signals(stop_requested[0]).name}"
+            return fail_job(job_dir, status, processes, "Stopped", reason)
         for node, proc in zip(status.nodes, processes, strict=True):
             code = proc.poll()
             if code is not None and node.exit_code is None:
                 node.exit_code = code
                 if code != 0:
                     status.failed_rank = node.rank
-                    stop_nodes(processes)
-                    record_exits(status, processes)
-                    return finish(
-                        job_dir,
-                        status,
-                        FAILED,
-                        "NodeFailed",
-                        f"node {node.rank} {describe_exit(code)}",
-                    )
+                    reason = f"node {node.rank} {describe_exit(code)}"
+                    return fail_job(job_dir, status, processes, "NodeFailed", reason)
         if all(node.exit_code == 0 for node in status.nodes):
             return finish(job_dir, status, COMPLETE, "Completed", "all nodes exited with code 0")
         time.sleep(POLL_SECONDS)
 
 
-def record_exits(status: JobStatus, processes: list[subprocess.Popen]) -> None:
+def fail_job(
+    job_dir: Path,
+    status: JobStatus,
+    processes: list[subprocess.Popen],
+    reason: str,
+    message: str,
+) -> JobStatus:
+    """Stop every node still running, record all exit codes, and mark the job Failed."""
+    stop_nodes(processes)
     for node, proc in zip(status.nodes, processes, strict=True):
         if node.exit_code is None:
             node.exit_code = proc.wait()
+    return finish(job_dir, status, FAILED, reason, message)
 
 
 def finish(job_dir: Path, status: JobStatus, state: str, reason: str, message: str) -> JobStatus:

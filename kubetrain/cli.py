@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES = (
     "kubetrain.jobs_cli",
     "kubetrain.run_cli",
     "kubetrain.compile_cli",
+    "kubetrain.render_cli",
     "kubetrain.submit_cli",
 )
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"kubetrain {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
     return parser
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args) or 0
     except KubetrainError as exc:
-        print(f"kubetrain {args.command}: error: {exc}", file=sys.stderr)
+        print(f"kubetrain {args.subcommand}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

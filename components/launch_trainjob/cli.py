@@ -138,7 +138,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--script",
         default="",
         help="local training script to ship with the job (a ConfigMap mounted at /workspace "
-        "on a cluster; at most 1 MiB)",
+        "on a cluster; at most 1 MiB); on a cluster, command arguments naming it, e.g. "
+        "`-- torchrun train.py`, run /workspace/<file>",
     )
 
 
@@ -284,8 +285,10 @@ def spec_from_args(args: argparse.Namespace):
         checkpoint_every=args.checkpoint_every,
     )
     options.validate()
-    backend = get_backend(args.backend, backend_options(args))
-    checkpoint_dir = options.checkpoint_dir or backend.default_checkpoint_dir(name)
+    # Ask the backend only when needed: render passes a folder and must not need a cluster.
+    checkpoint_dir = options.checkpoint_dir or get_backend(
+        args.backend, backend_options(args)
+    ).default_checkpoint_dir(name)
     command = [*TRAINER_COMMAND, *options.trainer_args(checkpoint_dir)]
     return job_spec_from_args(args, name, command).validate(), checkpoint_dir
 

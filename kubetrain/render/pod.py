@@ -1,0 +1,112 @@
+"""The pod-level pieces of a job (resources, volumes, mounts, tolerations) as plain
+Kubernetes dicts, defined once for the TrainJob and the Indexed Job renderers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import Resources, TrainJobSpec
+from kubetrain.render.script import (
+    SCRIPT_MOUNT_PATH,
+    SCRIPT_VOLUME,
+    script_volume,
+    script_volume_mount,
+)
+
+#: The container the Trainer injects PET_* into; its runtimes' replicated job has this name too.
+NODE = "node"
+GPU_RESOURCE = "nvidia.com/gpu"
+#: torchrun's rendezvous port (the Trainer's PET_MASTER_PORT).
+MASTER_PORT = 29500
+#: Where our runtimes mount the shared PVC `kubetrain-shared` (data and checkpoints).
+SHARED_MOUNT_PATH = "/mnt/shared"
+DEFAULT_DATA_DIR = f"{SHARED_MOUNT_PATH}/data"
+
+
+def default_checkpoint_dir(job_name: str) -> str:
+    """Our trainer's checkpoint folder inside the pods, on the shared volume."""
+    return f"{SHARED_MOUNT_PATH}/checkpoints/{job_name}"
+
+
+def resource_requirements(resources: Resources) -> dict[str, dict[str, str]]:
+    """CPU and memory are requested; memory is also the limit (no overcommit surprises);
+    CPU has no limit (no CFS throttling of data loading); GPUs are limits, as the device
+    plugin requires."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if resources.cpu:
+        requests["cpu"] = resources.cpu
+    if resources.memory:
+        requests["memory"] = resources.memory
+        limits["memory"] = resources.memory
+    if resources.gpu:
+        limits[GPU_RESOURCE] = str(resources.gpu)
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def volumes(spec: TrainJobSpec) -> list[dict[str, Any]]:
+    rendered = [
+        {
+            "name": volume.name,
+            "persistentVolumeClaim": {
+                "claimName": volume.claim_name,
+                **({"readOnly": True} if volume.read_only else {}),
+            },
+        }
+        for volume in spec.volumes
+    ]
+    if spec.script:
+        _check_script_mount_is_free(spec)
+        rendered.append(script_volume(spec))
+    return rendered
+
+
+def volume_mounts(spec: TrainJobSpec) -> list[dict[str, Any]]:
+    mounts = [
+        {
+            "name": volume.name,
+            "mountPath": volume.mount_path,
+            **({"readOnly": True} if volume.read_only else {}),
+        }
+        for volume in spec.volumes
+    ]
+    if spec.script:
+        mounts.append(script_volume_mount())
+    return mounts
+
+
+def tolerations(spec: TrainJobSpec) -> list[dict[str, str]]:
+    return [
+        {
+            key: value
+            for key, value in (
+                ("key", toleration.key),
+                ("operator", toleration.operator),
+                ("value", toleration.value),
+                ("effect", toleration.effect),
+            )
+            if value
+        }
+        for toleration in spec.tolerations
+    ]
+
+
+def env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def _check_script_mount_is_free(spec: TrainJobSpec) -> None:
+    for volume in spec.volumes:
+        if volume.name == SCRIPT_VOLUME:
+            raise InvalidInput(
+                "volumes.name",
+                f"{SCRIPT_VOLUME} is used by the shipped script",
+                "give the volume another name",
+            )
+        if volume.mount_path.rstrip("/") == SCRIPT_MOUNT_PATH:
+            raise InvalidInput(
+                "volumes.mount_path",
+                f"{SCRIPT_MOUNT_PATH} is where the shipped script is mounted",
+                "mount the volume elsewhere, e.g. /mnt/shared",
+            )

@@ -1,0 +1,231 @@
+"""Render a TrainJobSpec as a Kubeflow Trainer ``TrainJob`` (trainer.kubeflow.org/v1alpha1).
+
+Built with the ``kubeflow_trainer_api`` models, so a field the v2.3 API does not have fails
+here and not on the cluster. Pod-level settings (volumes and their mounts in the ``node``
+container, node selector, tolerations, service account, pod labels) go through
+``spec.runtimePatches`` on Trainer v2.2+ and ``spec.podTemplateOverrides`` on v2.1; the
+v2.3 models lack the latter, so the v2.1 entry is a plain dict holding the same patch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_env_var import IoK8sApiCoreV1EnvVar
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_local_object_reference import (
+    IoK8sApiCoreV1LocalObjectReference,
+)
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_resource_requirements import (
+    IoK8sApiCoreV1ResourceRequirements,
+)
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_toleration import IoK8sApiCoreV1Toleration
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_volume import IoK8sApiCoreV1Volume
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_volume_mount import IoK8sApiCoreV1VolumeMount
+from kubeflow_trainer_api.models.io_k8s_apimachinery_pkg_apis_meta_v1_object_meta import (
+    IoK8sApimachineryPkgApisMetaV1ObjectMeta,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_container_patch import (
+    TrainerV1alpha1ContainerPatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_dataset_initializer import (
+    TrainerV1alpha1DatasetInitializer,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_initializer import TrainerV1alpha1Initializer
+from kubeflow_trainer_api.models.trainer_v1alpha1_job_set_spec_patch import (
+    TrainerV1alpha1JobSetSpecPatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_job_set_template_patch import (
+    TrainerV1alpha1JobSetTemplatePatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_job_spec_patch import TrainerV1alpha1JobSpecPatch
+from kubeflow_trainer_api.models.trainer_v1alpha1_job_template_patch import (
+    TrainerV1alpha1JobTemplatePatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_model_initializer import (
+    TrainerV1alpha1ModelInitializer,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_pod_spec_patch import TrainerV1alpha1PodSpecPatch
+from kubeflow_trainer_api.models.trainer_v1alpha1_pod_template_patch import (
+    TrainerV1alpha1PodTemplatePatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_replicated_job_patch import (
+    TrainerV1alpha1ReplicatedJobPatch,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_runtime_patch import TrainerV1alpha1RuntimePatch
+from kubeflow_trainer_api.models.trainer_v1alpha1_runtime_ref import TrainerV1alpha1RuntimeRef
+from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+from kubeflow_trainer_api.models.trainer_v1alpha1_train_job_spec import (
+    TrainerV1alpha1TrainJobSpec,
+)
+from kubeflow_trainer_api.models.trainer_v1alpha1_trainer import TrainerV1alpha1Trainer
+from kubeflow_trainer_api.models.trainer_v1alpha1_training_runtime_spec_patch import (
+    TrainerV1alpha1TrainingRuntimeSpecPatch,
+)
+
+from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import Initializer, TrainJobSpec
+from kubetrain.render import pod
+from kubetrain.render.metadata import (
+    object_labels,
+    object_metadata,
+    pod_labels,
+    spec_annotations,
+    validate_namespace,
+)
+from kubetrain.render.script import command_with_mounted_script, script_sha256
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+KIND = "TrainJob"
+RUNTIME_API_GROUP = "trainer.kubeflow.org"
+#: The key of our entry in spec.runtimePatches (a list map keyed by manager).
+PATCH_MANAGER = "kubetrain.io/manager"
+#: TrainJob forms we render; "auto" must be resolved (from the cluster's CRD) before rendering.
+RENDERED_VERSIONS = ("2.1", "2.2", "2.3")
+LATEST_VERSION = "2.3"
+#: Trainer versions whose TrainJob has podTemplateOverrides instead of runtimePatches.
+POD_TEMPLATE_OVERRIDE_VERSIONS = ("2.1",)
+
+
+def render_trainjob(
+    spec: TrainJobSpec,
+    *,
+    namespace: str = "default",
+    trainer_version: str = LATEST_VERSION,
+    owner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The TrainJob for ``spec`` as a plain dict (camelCase keys, no None values)."""
+    spec = spec.validate()
+    validate_namespace(namespace)
+    legacy = _check_version(trainer_version, spec)
+    pod_patch = _pod_template_patch(spec)
+    metadata = object_metadata(
+        spec.name,
+        namespace,
+        object_labels(spec),
+        owner,
+        spec_annotations(spec, script_sha256(spec)),
+    )
+    job = TrainerV1alpha1TrainJob(
+        api_version=API_VERSION,
+        kind=KIND,
+        metadata=IoK8sApimachineryPkgApisMetaV1ObjectMeta.from_dict(metadata),
+        spec=TrainerV1alpha1TrainJobSpec(
+            runtime_ref=TrainerV1alpha1RuntimeRef(
+                name=spec.runtime.name, kind=spec.runtime.kind, api_group=RUNTIME_API_GROUP
+            ),
+            trainer=_trainer(spec),
+            initializer=_initializer(spec),
+            suspend=True if spec.suspend else None,
+            active_deadline_seconds=spec.active_deadline_seconds,
+            runtime_patches=None if legacy else [_runtime_patch(pod_patch)],
+        ),
+    )
+    rendered = job.to_dict()
+    if legacy:
+        rendered["spec"]["podTemplateOverrides"] = [
+            {"targetJobs": [{"name": pod.NODE}], **pod_patch.to_dict()}
+        ]
+    return rendered
+
+
+def _check_version(trainer_version: str, spec: TrainJobSpec) -> bool:
+    """True when the TrainJob must take the v2.1 form."""
+    if trainer_version not in RENDERED_VERSIONS:
+        raise InvalidInput(
+            "trainer_version",
+            f"{trainer_version!r} cannot be rendered",
+            f"use one of {', '.join(RENDERED_VERSIONS)} (resolve auto from the cluster's "
+            "TrainJob CRD first)",
+        )
+    legacy = trainer_version in POD_TEMPLATE_OVERRIDE_VERSIONS
+    if legacy and spec.active_deadline_seconds is not None:
+        raise InvalidInput(
+            "active_deadline_seconds",
+            f"TrainJob.spec.activeDeadlineSeconds needs Trainer v2.2 or newer, not "
+            f"{trainer_version}",
+            "drop --active-deadline-seconds, or upgrade Kubeflow Trainer to v2.2+",
+        )
+    return legacy
+
+
+def _trainer(spec: TrainJobSpec) -> TrainerV1alpha1Trainer:
+    command, args = command_with_mounted_script(spec)
+    resources = pod.resource_requirements(spec.resources_per_node)
+    return TrainerV1alpha1Trainer(
+        image=spec.image,
+        command=command,
+        args=args or None,
+        env=[IoK8sApiCoreV1EnvVar.from_dict(e) for e in pod.env_list(spec.env)] or None,
+        num_nodes=spec.num_nodes,
+        num_proc_per_node=spec.procs_per_node,
+        resources_per_node=IoK8sApiCoreV1ResourceRequirements.from_dict(resources)
+        if resources
+        else None,
+    )
+
+
+def _initializer(spec: TrainJobSpec) -> TrainerV1alpha1Initializer | None:
+    """Storage URIs for the runtime's initializers; credentials only as a Secret reference."""
+    if spec.dataset_initializer is None and spec.model_initializer is None:
+        return None
+
+    def source(init: Initializer | None, kind: type) -> Any:
+        if init is None:
+            return None
+        secret = (
+            IoK8sApiCoreV1LocalObjectReference(name=init.secret_name) if init.secret_name else None
+        )
+        return kind(storage_uri=init.storage_uri, secret_ref=secret)
+
+    return TrainerV1alpha1Initializer(
+        dataset=source(spec.dataset_initializer, TrainerV1alpha1DatasetInitializer),
+        model=source(spec.model_initializer, TrainerV1alpha1ModelInitializer),
+    )
+
+
+def _pod_template_patch(spec: TrainJobSpec) -> TrainerV1alpha1PodTemplatePatch:
+    """The pod settings the TrainJob's own fields cannot carry, for the ``node`` pods.
+
+    Never empty: the pods always get our labels, so the backend finds them (and rank 0) by
+    ``kubetrain.io/job-name`` on either backend.
+    """
+    mounts = pod.volume_mounts(spec)
+    pod_spec = TrainerV1alpha1PodSpecPatch(
+        service_account_name=spec.service_account or None,
+        node_selector=dict(spec.node_selector) or None,
+        tolerations=[IoK8sApiCoreV1Toleration.from_dict(t) for t in pod.tolerations(spec)] or None,
+        volumes=[IoK8sApiCoreV1Volume.from_dict(v) for v in pod.volumes(spec)] or None,
+        containers=[
+            TrainerV1alpha1ContainerPatch(
+                name=pod.NODE,
+                volume_mounts=[IoK8sApiCoreV1VolumeMount.from_dict(m) for m in mounts],
+            )
+        ]
+        if mounts
+        else None,
+    )
+    return TrainerV1alpha1PodTemplatePatch(
+        metadata=IoK8sApimachineryPkgApisMetaV1ObjectMeta(labels=pod_labels(spec)),
+        spec=pod_spec if pod_spec.to_dict() else None,
+    )
+
+
+def _runtime_patch(pod_patch: TrainerV1alpha1PodTemplatePatch) -> TrainerV1alpha1RuntimePatch:
+    """Our entry in runtimePatches: ``pod_patch`` applied to the runtime's ``node`` job."""
+    return TrainerV1alpha1RuntimePatch(
+        manager=PATCH_MANAGER,
+        training_runtime_spec=TrainerV1alpha1TrainingRuntimeSpecPatch(
+            template=TrainerV1alpha1JobSetTemplatePatch(
+                spec=TrainerV1alpha1JobSetSpecPatch(
+                    replicated_jobs=[
+                        TrainerV1alpha1ReplicatedJobPatch(
+                            name=pod.NODE,
+                            template=TrainerV1alpha1JobTemplatePatch(
+                                spec=TrainerV1alpha1JobSpecPatch(template=pod_patch)
+                            ),
+                        )
+                    ]
+                )
+            )
+        ),
+    )

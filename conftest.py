@@ -1,4 +1,5 @@
-"""Shared fixtures: a small real dataset (sklearn digits) in the prepared-folder format."""
+"""Shared fixtures: a small real dataset (sklearn digits) in the prepared-folder format, and an
+emulated Kubernetes cluster with Kubeflow Trainer's CRDs for the cluster backends."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,3 +112,44 @@ def trained_checkpoints(
     )
     assert fsdp.returncode == 0, fsdp.stderr
     return {"ddp": root / "ddp", "fsdp": root / "fsdp"}
+
+
+# ----------------------------------------------------------------------------------------------
+# An emulated Kubernetes API server (kubetrain.testing) for the cluster backends.
+
+
+@dataclass
+class Cluster:
+    """The emulator with Kubeflow Trainer's CRDs and a ``torch-distributed`` runtime, and a
+    client configured for it (namespace ``default``)."""
+
+    emulator: Any
+    api_client: Any
+    namespace: str = "default"
+
+    def backend(self, kind: str = "trainer", **options: Any) -> Any:
+        """A KubernetesBackend on this cluster; ``options`` are BackendOptions fields or
+        KubernetesBackend keywords (grace periods, retry)."""
+        from kubetrain.backends import BackendOptions
+        from kubetrain.backends.kubernetes import KubernetesBackend
+
+        fields = {"namespace", "trainer_version", "on_cancel"}
+        backend_options = BackendOptions(
+            **{"namespace": self.namespace, **{k: v for k, v in options.items() if k in fields}}
+        )
+        keywords = {k: v for k, v in options.items() if k not in fields}
+        return KubernetesBackend(kind, backend_options, self.api_client, **keywords)
+
+
+@pytest.fixture
+def k8s() -> Iterator[Cluster]:
+    """A fresh emulated cluster per test (starting one takes milliseconds)."""
+    from kubetrain.testing import KubeEmulator
+
+    with KubeEmulator(namespace="default") as emulator:
+        emulator.install_trainer()
+        api_client = emulator.api_client()
+        try:
+            yield Cluster(emulator, api_client)
+        finally:
+            api_client.close()

@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "kubetrain.compile_cli",
     "kubetrain.render_cli",
     "kubetrain.submit_cli",
+    "kubetrain.doctor_cli",
 )
 
 

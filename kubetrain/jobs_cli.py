@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from kubetrain.backends import get_backend
+from kubetrain.backends import BackendOptions, get_backend
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where an existing job runs: the backend and, on a cluster, its namespace."""
+    parser.add_argument(
+        "--backend",
+        default="local",
+        help="where the job runs: local (default), trainer (a Kubeflow Trainer TrainJob) or "
+        "job (Indexed Job + headless Service)",
+    )
+    parser.add_argument(
+        "--namespace", default="default", help="Kubernetes namespace of the job (cluster backends)"
+    )
+
+
+def backend_options(args: argparse.Namespace) -> BackendOptions:
+    return BackendOptions(namespace=args.namespace, on_cancel=getattr(args, "on_cancel", "delete"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     logs.add_argument("name", help="job name")
-    logs.add_argument("--backend", default="local", help="where the job runs; default local")
+    add_target_arguments(logs)
     logs.add_argument(
         "--node",
         type=int,
@@ -36,17 +53,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     delete.add_argument("name", help="job name")
-    delete.add_argument("--backend", default="local", help="where the job runs; default local")
+    add_target_arguments(delete)
     delete.set_defaults(handler=run_delete)
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    for line in get_backend(args.backend).logs(args.name, node=args.node, follow=args.follow):
+    backend = get_backend(args.backend, backend_options(args))
+    for line in backend.logs(args.name, node=args.node, follow=args.follow):
         print(line, flush=True)
     return 0
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    get_backend(args.backend).delete(args.name)
+    get_backend(args.backend, backend_options(args)).delete(args.name)
     print(f"deleted {args.name}")
     return 0

@@ -71,7 +71,10 @@ def training_pipeline(
     # TrainJob's nodes mount too (KFP's local runner ignores these mounts).
     kubernetes.mount_pvc(launch, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
     wait = wait_trainjob(
-        job_name=launch.outputs["job_name"], backend=backend, timeout_seconds=wait_timeout_seconds
+        job_name=launch.outputs["job_name"],
+        backend=backend,
+        timeout_seconds=wait_timeout_seconds,
+        namespace=namespace,
     )
     wait.set_caching_options(False)
     collect = collect_checkpoint(checkpoint_dir=launch.outputs["checkpoint_dir"]).after(wait)

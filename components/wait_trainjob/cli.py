@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.jobs_cli import add_target_arguments, backend_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -12,16 +14,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Follow a job until it is Complete (exit 0) or Failed (exit with the failing node's "
             "exit code, printing the reason and that node's last log lines), streaming the "
-            "rank-0 node's log lines as they are written."
+            "rank-0 node's log lines as they are written. On a cluster, SIGTERM (a cancelled "
+            "pipeline run) deletes or suspends the job before exiting 143."
         ),
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
-    parser.add_argument("--backend", default="local", help="where the job runs; default local")
+    add_target_arguments(parser)
     parser.add_argument(
         "--timeout",
         type=float,
         default=0,
         help="give up after this many seconds (exit 124); default 0 = wait forever",
+    )
+    parser.add_argument(
+        "--on-cancel",
+        default="delete",
+        help="what SIGTERM, or a node that cannot start, does to a cluster job: delete "
+        "(default) or suspend",
     )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
     parser.set_defaults(handler=run)
@@ -35,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         timeout_seconds=args.timeout,
         on_log_line=None if args.quiet else lambda line: print(line, flush=True),
+        options=backend_options(args),
     )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
     return 0

@@ -12,12 +12,15 @@ def wait_trainjob(
     job_name: str,
     backend: str = "local",
     timeout_seconds: float = 0,
+    namespace: str = "default",
+    on_cancel: str = "delete",
 ) -> NamedTuple("WaitOutputs", [("state", str), ("duration_seconds", float)]):  # noqa: UP014
     """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
     exit code and last log lines if the job fails."""
     import sys
     from collections import namedtuple
 
+    from kubetrain.backends import BackendOptions
     from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
 
     try:
@@ -26,6 +29,7 @@ def wait_trainjob(
             backend=backend,
             timeout_seconds=timeout_seconds,
             on_log_line=lambda line: print(line, flush=True),
+            options=BackendOptions(namespace=namespace, on_cancel=on_cancel),
         )
     except JobFailed as failure:
         print(failure, file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubetrain.backends import get_backend
+from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
 from kubetrain.errors import InvalidInput, KubetrainError
 
@@ -43,10 +43,17 @@ class JobFailed(KubetrainError):
 def last_log_lines(
     backend: Backend, status: JobStatus, count: int = FAILURE_LOG_LINES
 ) -> list[str]:
+    """The failing node's last lines: those the backend kept, else read now (best effort: the
+    node's pod may be gone, and the failure must still be reported)."""
+    if status.log_tail:
+        return status.log_tail[-count:]
     node = status.failed_node
     if node is None:
         return []
-    return list(deque(backend.logs(status.name, node=node.rank, follow=False), maxlen=count))
+    try:
+        return list(deque(backend.logs(status.name, node=node.rank, follow=False), maxlen=count))
+    except KubetrainError:
+        return []
 
 
 def wait_for_job(
@@ -54,15 +61,17 @@ def wait_for_job(
     backend: str = "local",
     timeout_seconds: float = 0,
     on_log_line: Callable[[str], None] | None = print,
+    options: BackendOptions | None = None,
 ) -> WaitResult:
-    """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none."""
+    """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none.
+    ``options`` (namespace, what to do on cancel) matter to the cluster backends."""
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
     if timeout_seconds < 0:
         raise InvalidInput(
             "timeout", f"{timeout_seconds} is negative", "use 0 (none) or more seconds"
         )
-    backend_impl = get_backend(backend)
+    backend_impl = get_backend(backend, options)
     started = time.monotonic()
     status = backend_impl.wait(job_name, timeout=timeout_seconds or None, on_log_line=on_log_line)
     if status.state != COMPLETE:

@@ -1,0 +1,194 @@
+"""Reaching the cluster: client configuration, bounded retries, and API errors turned into
+messages a user can act on (which permission is missing, what is not installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+import urllib3.exceptions
+from kubernetes.client.rest import ApiException
+
+from kubetrain.errors import KubetrainError
+
+T = TypeVar("T")
+
+#: What fixes a 403: the ServiceAccount and Role the steps are meant to run with.
+RBAC_FIX = (
+    "apply runtimes/rbac.yaml (`kubectl apply -k runtimes/`) and run as ServiceAccount kubetrain"
+)
+RETRIABLE_STATUSES = (429, 500, 502, 503, 504)
+#: Connection-level failures worth retrying (dropped connections, refused, timeouts).
+TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff for 5xx/429 answers and dropped connections."""
+
+    attempts: int = 5
+    first_delay: float = 0.5
+    max_delay: float = 8.0
+
+    def delays(self) -> Iterator[float]:
+        """The pauses between attempts (one fewer than ``attempts``)."""
+        delay = self.first_delay
+        for _ in range(self.attempts - 1):
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+
+@dataclass(frozen=True)
+class Action:
+    """What we asked the API server to do, for error messages: "create trainjobs ..."."""
+
+    verb: str
+    resource: str  # as RBAC names it: "trainjobs" or "pods/log"
+    group: str = ""
+    name: str = ""
+    namespace: str = ""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    def __str__(self) -> str:
+        target = f"{self.qualified} {self.name}" if self.name else self.qualified
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        return f"{self.verb} {target}{where}"
+
+
+class ApiError(KubetrainError):
+    """The API server refused a request; ``status`` is its HTTP status."""
+
+    def __init__(self, message: str, action: Action, status: int, body: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.action = action
+        self.status = status
+        self.reason = body.get("reason", "")
+        self.server_message = body.get("message", "")
+        self.details = body.get("details") or {}
+
+
+class PermissionDenied(ApiError):
+    """403: the ServiceAccount lacks a verb on a resource."""
+
+
+class NotFound(ApiError):
+    """404: the object, or the whole resource type, does not exist."""
+
+    @property
+    def resource_missing(self) -> bool:
+        """True when the API does not serve the resource at all (its CRD is not installed)."""
+        return not self.details.get("name")
+
+
+class AlreadyExists(ApiError):
+    """409: an object of that name exists (or changed under us)."""
+
+
+def _body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return {"message": str(exc.body or exc.reason or "")}
+    return body if isinstance(body, dict) else {}
+
+
+def translate(exc: ApiException, action: Action) -> ApiError:
+    """An ApiException as the error a user can act on."""
+    body = _body(exc)
+    server = body.get("message") or exc.reason or ""
+    status = exc.status or 0
+    if status == 403:
+        where = f"namespace {action.namespace}" if action.namespace else "the cluster scope"
+        group = action.group or '""'
+        return PermissionDenied(
+            f"permission denied: cannot {action.verb} {action.qualified} in {where} "
+            f"(needs verb {action.verb!r} on resource {action.resource!r} of API group {group}); "
+            f"{RBAC_FIX}. The server said: {server}",
+            action,
+            status,
+            body,
+        )
+    if status == 401:
+        return ApiError(
+            f"not authenticated to the cluster while trying to {action}: {server}; "
+            "refresh the credentials in your kubeconfig",
+            action,
+            status,
+            body,
+        )
+    if status == 404:
+        return NotFound(f"cannot {action}: {server or 'not found'}", action, status, body)
+    if status == 409:
+        return AlreadyExists(f"cannot {action}: {server}", action, status, body)
+    message = f"the cluster refused to {action} (HTTP {status}): {server}"
+    return ApiError(message, action, status, body)
+
+
+def call_with_retries(
+    action: Action,
+    fn: Callable[..., T],
+    *args: Any,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    **kwargs: Any,
+) -> T:
+    """``fn(*args, **kwargs)``, retried on 5xx/429 and dropped connections; API errors are
+    raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError."""
+    delays = (retry or RetryPolicy()).delays()
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status in RETRIABLE_STATUSES:
+                delay = next(delays, None)
+                if delay is not None:
+                    sleep(delay)
+                    continue
+                raise KubetrainError(
+                    f"the Kubernetes API kept failing to {action} "
+                    f"(HTTP {exc.status}: {_body(exc).get('message') or exc.reason}); "
+                    "the API server is unhealthy or overloaded: try again later"
+                ) from None
+            raise translate(exc, action) from None
+        except TRANSIENT_ERRORS as exc:
+            delay = next(delays, None)
+            if delay is not None:
+                sleep(delay)
+                continue
+            raise KubetrainError(
+                f"cannot reach the Kubernetes API to {action}: {exc}; check the cluster "
+                "address in your kubeconfig (or the pod's network) and try again"
+            ) from None
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """A client for the cluster we run in (a pod's ServiceAccount), else for $KUBECONFIG or
+    ~/.kube/config. An explicit KUBECONFIG wins over the in-cluster config."""
+    config = kubernetes.client.Configuration()
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    try:
+        if in_cluster and not os.environ.get("KUBECONFIG"):
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        else:
+            # Read KUBECONFIG now: the client reads it once, when it is imported.
+            kubernetes.config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=config
+            )
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        raise KubetrainError(
+            f"no Kubernetes configuration: {exc}; set KUBECONFIG to a kubeconfig file, or run "
+            "in a pod with a ServiceAccount"
+        ) from None
+    # We retry ourselves (every method, with backoff); urllib3's own retries would hide
+    # dropped connections on GET and never retry a POST.
+    config.retries = False
+    return kubernetes.client.ApiClient(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-# step folder -> (module, component function name)
+# step folder -> the component function in its component.py
 COMPONENTS = {
     "dataset_prep": "dataset_prep",
     "launch_trainjob": "launch_trainjob",

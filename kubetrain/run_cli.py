@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -72,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kfp import local
 
+    from kubetrain.backends.local_supervisor import program_path
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.pipelines.training_pipeline import training_pipeline
 
@@ -80,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
     # trainer's `torchrun` is looked up next to it.
-    os.environ["PATH"] = (
-        f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
-    )
+    os.environ["PATH"] = program_path()
     pipeline_root = args.output.resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     started = time.monotonic()

@@ -20,7 +20,7 @@ from pathlib import Path
 from kubetrain import atomic
 from kubetrain.backends.base import CREATED, FAILED, JobStatus
 from kubetrain.backends.local_files import local_root, node_log, read_status, write_status
-from kubetrain.backends.local_supervisor import signal_group
+from kubetrain.backends.local_supervisor import program_path, signal_group
 from kubetrain.backends.log_tail import LogTail
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
@@ -50,8 +50,7 @@ class LocalBackend:
 
     def launch(self, spec: TrainJobSpec) -> str:
         spec.validate()
-        program_path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
-        if shutil.which(spec.command[0], path=program_path) is None:
+        if shutil.which(spec.command[0], path=program_path()) is None:
             raise InvalidInput(
                 "command",
                 f"{spec.command[0]!r} is not found on PATH",

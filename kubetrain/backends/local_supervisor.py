@@ -31,12 +31,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def program_path() -> str:
+    """PATH with this interpreter's folder first, so `python` and `torchrun` are the ones of
+    the environment kubetrain runs in, as they are the image's on a cluster."""
+    return f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
     """The environment of one node: ours, the spec's, then exactly the Trainer's PET_* set."""
-    interpreter_bin = os.path.dirname(sys.executable)
     return {
         **os.environ,
-        "PATH": f"{interpreter_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": program_path(),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
         "PET_NNODES": str(spec.num_nodes),

@@ -54,36 +54,16 @@ def test_a_tampered_model_is_refused(model_dir, digits_dir, tmp_path):
         evaluate_model(str(copy), str(digits_dir))
 
 
+def evaluate_cli(run_python, model_dir, digits_dir, *extra: str):
+    command = ["-m", "kubetrain", "evaluate", "--model", str(model_dir), "--data", str(digits_dir)]
+    return run_python([*command, *extra])
+
+
 def test_evaluate_cli_exit_codes(model_dir, digits_dir, run_python):
-    ok = run_python(
-        [
-            "-m",
-            "kubetrain",
-            "evaluate",
-            "--model",
-            str(model_dir),
-            "--data",
-            str(digits_dir),
-            "--threshold",
-            "0.5",
-            "--json",
-        ]
-    )
+    ok = evaluate_cli(run_python, model_dir, digits_dir, "--threshold", "0.5", "--json")
     assert ok.returncode == 0, ok.stderr
     payload = json.loads(ok.stdout[: ok.stdout.rindex("}") + 1])
     assert payload["passed"] is True
-    gate = run_python(
-        [
-            "-m",
-            "kubetrain",
-            "evaluate",
-            "--model",
-            str(model_dir),
-            "--data",
-            str(digits_dir),
-            "--threshold",
-            "1.0",
-        ]
-    )
+    gate = evaluate_cli(run_python, model_dir, digits_dir, "--threshold", "1.0")
     assert gate.returncode == 3, gate.stderr
     assert "below threshold" in gate.stdout

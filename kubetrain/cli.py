@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "kubetrain.components.wait_trainjob.cli",
     "kubetrain.components.collect_checkpoint.cli",
     "kubetrain.components.evaluate_model.cli",
+    "kubetrain.components.promote_model.cli",
     "kubetrain.jobs_cli",
     "kubetrain.run_cli",
     "kubetrain.compile_cli",

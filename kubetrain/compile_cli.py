@@ -9,11 +9,13 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "compile",
-        help="write each component's YAML and the pipeline's IR YAML",
+        help="write each component's YAML, the KFP pipeline's IR and the Argo workflows' YAML",
         description=(
             "Compile each step's KFP component to components/<step>/component.yaml (loadable with "
             "kfp.components.load_component_from_file) and the pipeline to "
-            "pipelines/compiled/training_pipeline.yaml (for `kfp run create`)."
+            "pipelines/compiled/training_pipeline.yaml (for `kfp run create`), and the Argo "
+            "Workflow and WorkflowTemplate to pipelines/compiled/training_workflow.yaml (for "
+            "`argo submit`) and training_workflow_template.yaml (for `argo template create`)."
         ),
     )
     parser.add_argument(

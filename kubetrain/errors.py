@@ -24,5 +24,9 @@ class InvalidInput(KubetrainError):
         super().__init__(f"{field}: {problem}; {fix}")
 
 
+class JobNotFound(KubetrainError):
+    """No job of that name on the backend (``kubetrain delete --ignore-not-found`` accepts it)."""
+
+
 class IntegrityError(KubetrainError):
     """Stored data (a dataset or a checkpoint) is missing, incomplete or corrupt."""

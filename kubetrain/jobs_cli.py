@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kubetrain.backends import BackendOptions, get_backend
+from kubetrain.errors import InvalidInput, JobNotFound
+from kubetrain.names import derive_job_name
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +54,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Stop every process (or pod) of a job and remove the job; nothing is left running."
         ),
     )
-    delete.add_argument("name", help="job name")
+    delete.add_argument(
+        "name", nargs="?", default="", help="job name (or give the launch's --run-name)"
+    )
+    delete.add_argument(
+        "--run-name",
+        default="",
+        help="delete the job `kubetrain launch --run-name RUN` created (e.g. in an Argo exit "
+        "handler, from {{workflow.name}})",
+    )
+    delete.add_argument(
+        "--ignore-not-found",
+        action="store_true",
+        help="exit 0 when there is no such job (already deleted, or never launched)",
+    )
     add_target_arguments(delete)
     delete.set_defaults(handler=run_delete)
 
@@ -65,6 +80,17 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    get_backend(args.backend, backend_options(args)).delete(args.name)
-    print(f"deleted {args.name}")
+    if bool(args.name) == bool(args.run_name):
+        raise InvalidInput(
+            "name", "give exactly one of NAME and --run-name", "e.g. `kubetrain delete my-job`"
+        )
+    name = args.name or derive_job_name(args.run_name)
+    try:
+        get_backend(args.backend, backend_options(args)).delete(name)
+    except JobNotFound as missing:
+        if not args.ignore_not_found:
+            raise
+        print(f"{name}: {missing}")
+        return 0
+    print(f"deleted {name}")
     return 0

@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from kfp.components import load_component_from_file
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from kubetrain.compile import COMPONENTS, compile_all
+from kubetrain.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES, compile_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,9 +60,10 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
 def test_committed_yaml_is_not_stale(fresh_compile):
     pairs = [
         (
-            fresh_compile / "pipelines/compiled/training_pipeline.yaml",
-            REPO / "pipelines/compiled/training_pipeline.yaml",
+            fresh_compile / "pipelines/compiled" / f"{stem}.yaml",
+            REPO / "pipelines/compiled" / f"{stem}.yaml",
         )
+        for stem in [*PIPELINES, *ARGO_WORKFLOWS]
     ]
     pairs += [
         (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -17,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--checkpoint-dir", required=True, help="folder the training job wrote")
     parser.add_argument("--output", required=True, help="folder to publish the model in")
+    add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -30,4 +33,8 @@ def run(args: argparse.Namespace) -> int:
         f"world size {card['world_size']}) from {card['source_checkpoint']}"
     )
     print(f"model {model.path} sha256 {model.sha256}")
+    write_output_parameters(
+        args.output_parameters,
+        {"model_dir": args.output, "sha256": model.sha256, "epoch": card["epoch"]},
+    )
     return 0

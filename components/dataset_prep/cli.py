@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+
 # Kept equal to prepare_dataset's defaults (a test checks); not imported, to stay light.
 DEFAULT_SOURCE = "sklearn:digits"
 DEFAULT_TEST_FRACTION = 0.2
@@ -65,6 +67,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help="where torchvision datasets are downloaded to (default: ~/.cache/kubetrain)",
     )
+    add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
     return parser
 
@@ -81,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     print(summary(manifest, args.output))
+    write_output_parameters(
+        args.output_parameters,
+        {
+            "dataset_dir": args.output,
+            "train_count": manifest["splits"]["train"]["count"],
+            "test_count": manifest["splits"]["test"]["count"],
+            "num_classes": manifest["num_classes"],
+        },
+    )
     return 0
 
 

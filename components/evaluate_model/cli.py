@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -25,20 +27,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="accuracy (a fraction) the model must reach; default 0.95",
     )
     parser.add_argument("--json", action="store_true", help="print all metrics as JSON")
+    parser.add_argument(
+        "--metrics-output",
+        default="",
+        metavar="FILE",
+        help="also write all metrics as JSON to FILE (an Argo output artifact)",
+    )
+    parser.add_argument(
+        "--fail-below-threshold",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="exit 3 when accuracy is below --threshold (default); with "
+        "--no-fail-below-threshold exit 0 and let a workflow branch on the `passed` output",
+    )
+    add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from kubetrain.atomic import write_json
     from kubetrain.components.evaluate_model.evaluate import evaluate_model
 
     result = evaluate_model(args.model, args.data, threshold=args.threshold)
+    metrics = {**asdict(result), "passed": result.passed}
     if args.json:
-        print(json.dumps({**asdict(result), "passed": result.passed}, indent=2))
+        print(json.dumps(metrics, indent=2))
+    if args.metrics_output:
+        write_json(args.metrics_output, metrics)
+    write_output_parameters(
+        args.output_parameters,
+        {"accuracy": result.accuracy, "loss": result.loss, "passed": result.passed},
+    )
     verdict = "passed" if result.passed else "below threshold"
     print(
         f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
         f"{verdict} ({result.threshold:g})"
     )
-    return 0 if result.passed else 3
+    return 0 if result.passed or not args.fail_below_threshold else 3

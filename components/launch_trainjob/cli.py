@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from kubetrain.errors import InvalidInput
+from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +190,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_backend_arguments(parser)
     add_job_arguments(parser)
     add_training_arguments(parser)
+    add_output_parameters_argument(parser)
     add_command_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -306,5 +308,8 @@ def run(args: argparse.Namespace) -> int:
     name = launch_job(spec, backend=args.backend, options=backend_options(args))
     if checkpoint_dir:
         print(f"checkpoints: {checkpoint_dir}")
+    write_output_parameters(
+        args.output_parameters, {"job_name": name, "checkpoint_dir": checkpoint_dir}
+    )
     print(name)
     return 0

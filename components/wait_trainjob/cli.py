@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kubetrain.jobs_cli import add_target_arguments, backend_options
+from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default) or suspend",
     )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
+    add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -47,4 +49,8 @@ def run(args: argparse.Namespace) -> int:
         options=backend_options(args),
     )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
+    write_output_parameters(
+        args.output_parameters,
+        {"state": result.state, "duration_seconds": round(result.duration_seconds, 3)},
+    )
     return 0

@@ -55,7 +55,7 @@ from kubetrain.backends.kube_pods import (
 )
 from kubetrain.backends.kube_wait import Cancelled, WaitSession, sigterm_cancels, timestamp
 from kubetrain.backends.kube_watch import WATCH_SECONDS
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.render import render_indexed_job, render_script_configmap, render_trainjob
 from kubetrain.render.metadata import JOB_NAME_LABEL, validate_namespace
@@ -175,7 +175,7 @@ class KubernetesBackend:
     def _no_such_job(self, name: str, missing: NotFound) -> KubetrainError:
         if missing.resource_missing and self.kind.backend == "trainer":
             return TrainerNotInstalled()
-        return KubetrainError(
+        return JobNotFound(
             f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; check the name "
             f"and --namespace (`kubectl get {self.kind.plural} -n {self.namespace}`)"
         )
@@ -403,7 +403,7 @@ class KubernetesBackend:
             except NotFound:
                 continue
         if not deleted:
-            raise KubetrainError(
+            raise JobNotFound(
                 f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; nothing to "
                 "delete"
             )

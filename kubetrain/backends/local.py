@@ -22,7 +22,7 @@ from kubetrain.backends.base import CREATED, FAILED, JobStatus
 from kubetrain.backends.local_files import local_root, node_log, read_status, write_status
 from kubetrain.backends.local_supervisor import program_path, signal_group
 from kubetrain.backends.log_tail import LogTail
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 
 POLL_SECONDS = 0.05
@@ -39,7 +39,7 @@ class LocalBackend:
     def existing_job_dir(self, name: str) -> Path:
         job_dir = self.job_dir(name)
         if not (job_dir / "status.json").is_file():
-            raise KubetrainError(
+            raise JobNotFound(
                 f"no local job named {name!r} under {self.root}; "
                 f"list them with `ls {self.root}` or set KUBETRAIN_LOCAL_ROOT"
             )

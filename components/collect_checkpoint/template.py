@@ -1,0 +1,41 @@
+"""The collect step as an Argo Workflows container template (Hera)."""
+
+from __future__ import annotations
+
+from hera.workflows import Artifact, Container
+
+from kubetrain.argo_steps import (
+    SHARED_VOLUME,
+    SharedVolume,
+    input_parameter,
+    inputs,
+    output_parameter,
+    step_template,
+)
+from kubetrain.images import COMPONENT_IMAGE
+
+
+def collect_checkpoint_template(
+    name: str = "collect-checkpoint",
+    volume: SharedVolume = SHARED_VOLUME,
+    image: str = COMPONENT_IMAGE,
+) -> Container:
+    """`kubetrain collect`: verifies rank 0's newest complete checkpoint and publishes the model
+    folder at ``output``; the folder is also the output artifact ``model``."""
+    return step_template(
+        name,
+        ["collect"],
+        ["--checkpoint-dir", inputs("checkpoint_dir"), "--output", inputs("output")],
+        [
+            input_parameter("checkpoint_dir", "folder the training job wrote"),
+            input_parameter("output", "folder to publish the model in"),
+        ],
+        [
+            output_parameter("model_dir", "the published model folder"),
+            output_parameter("sha256", "sha256 of model.safetensors"),
+            output_parameter("epoch", "epoch of the collected checkpoint"),
+            Artifact(name="model", path=inputs("output")),
+        ],
+        volume=volume,
+        image=image,
+    )

@@ -1,0 +1,58 @@
+"""The evaluate step as an Argo Workflows container template (Hera)."""
+
+from __future__ import annotations
+
+from hera.workflows import Artifact, Container
+
+from kubetrain.argo_steps import (
+    INPUTS_DIR,
+    OUTPUTS_DIR,
+    SHARED_VOLUME,
+    SharedVolume,
+    file_artifact,
+    input_parameter,
+    inputs,
+    output_parameter,
+    step_template,
+)
+from kubetrain.images import COMPONENT_IMAGE
+
+MODEL_PATH = f"{INPUTS_DIR}/model"
+METRICS_PATH = f"{OUTPUTS_DIR}/metrics.json"
+
+
+def evaluate_model_template(
+    name: str = "evaluate-model",
+    volume: SharedVolume = SHARED_VOLUME,
+    image: str = COMPONENT_IMAGE,
+) -> Container:
+    """`kubetrain evaluate` of the ``model`` artifact on the dataset's test split. It succeeds
+    either way; ``passed`` (``true``/``false``) is the output a workflow's ``when`` branches on."""
+    return step_template(
+        name,
+        ["evaluate"],
+        [
+            "--model",
+            MODEL_PATH,
+            "--data",
+            inputs("data"),
+            "--threshold",
+            inputs("threshold"),
+            "--no-fail-below-threshold",
+            "--metrics-output",
+            METRICS_PATH,
+        ],  # fmt: skip
+        [
+            input_parameter("data", "dataset folder written by the prep step"),
+            input_parameter("threshold", "accuracy (a fraction) the model must reach", "0.95"),
+        ],
+        [
+            output_parameter("accuracy", "test accuracy"),
+            output_parameter("loss", "mean cross-entropy on the test split"),
+            output_parameter("passed", "true when accuracy >= threshold"),
+            file_artifact("metrics", METRICS_PATH),
+        ],
+        input_artifacts=[Artifact(name="model", path=MODEL_PATH)],
+        volume=volume,
+        image=image,
+    )

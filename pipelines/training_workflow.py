@@ -1,0 +1,247 @@
+"""The kubetrain training workflow for Argo Workflows, built with Hera from the steps' templates:
+prep → launch → wait → collect → evaluate → promote (only when the accuracy gate passed), with
+an exit handler that deletes the TrainJob when the run fails or is stopped.
+
+The dataset and checkpoints live on one claim that the steps and the TrainJob's nodes mount:
+either a new ReadWriteMany claim per run (``ClaimTemplate``, the Workflow's default) or an
+existing one named by the ``shared_pvc`` parameter (``ExistingClaim``, the WorkflowTemplate's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hera.workflows import DAG, Parameter, Workflow, WorkflowTemplate
+from hera.workflows.models import (
+    ObjectMeta,
+    PersistentVolumeClaim,
+    PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource,
+    PodGC,
+    Quantity,
+    TTLStrategy,
+    Volume,
+    VolumeClaimGC,
+    VolumeResourceRequirements,
+)
+
+from kubetrain.argo_steps import SHARED_VOLUME, SharedVolume
+from kubetrain.components.collect_checkpoint.template import collect_checkpoint_template
+from kubetrain.components.dataset_prep.template import dataset_prep_template
+from kubetrain.components.evaluate_model.template import evaluate_model_template
+from kubetrain.components.launch_trainjob.template import launch_trainjob_template
+from kubetrain.components.promote_model.template import promote_model_template
+from kubetrain.components.wait_trainjob.template import (
+    delete_trainjob_template,
+    wait_trainjob_template,
+)
+from kubetrain.images import COMPONENT_IMAGE
+
+WORKFLOW_NAME = "kubetrain-training"
+ENTRYPOINT = "train-and-evaluate"
+EXIT_HANDLER = "cleanup"
+#: Finished runs are deleted after a day when they succeeded, a week when they failed.
+TTL_AFTER_SUCCESS = 24 * 3600
+TTL_AFTER_FAILURE = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class ClaimTemplate:
+    """A new claim per run (``volumeClaimTemplates``), named ``<workflow>-<volume>`` by Argo and
+    deleted when the run succeeds. Argo cannot substitute parameters into a claim template's
+    size (argo-workflows#1932), so the size is set here, when the workflow is built."""
+
+    size: str = "10Gi"
+    storage_class: str = ""
+    access_mode: str = "ReadWriteMany"
+
+
+@dataclass(frozen=True)
+class ExistingClaim:
+    """An existing ReadWriteMany claim, named by the workflow parameter ``shared_pvc``."""
+
+    default_claim: str = "kubetrain-shared"
+
+
+#: Workflow parameters: name -> (default, description). Argo passes every value as a string.
+PARAMETERS: dict[str, tuple[str, str]] = {
+    "dataset_source": ("sklearn:digits", "dataset to prepare (see `kubetrain prep --help`)"),
+    "test_fraction": ("0.2", "share of samples held out for evaluation"),
+    "seed": ("0", "seed of the train/test split"),
+    "backend": ("trainer", "trainer (Kubeflow Trainer TrainJob), job (Indexed Job) or local"),
+    "nodes": ("2", "training nodes (pods)"),
+    "procs_per_node": ("1", "torchrun processes per node"),
+    "strategy": ("ddp", "ddp or fsdp"),
+    "model": ("mlp", "mlp, cnn or package.module:callable"),
+    "epochs": ("10", "training epochs"),
+    "lr": ("0.001", "learning rate"),
+    "batch_size": ("32", "batch size per process"),
+    "image": ("", "trainer image of the nodes; empty = the components image's default"),
+    "runtime": ("torch-distributed", "ClusterTrainingRuntime the TrainJob refers to"),
+    "cpu": ("", "CPU per node; empty = the runtime's"),
+    "memory": ("", "memory per node; empty = the runtime's"),
+    "gpu": ("0", "GPUs per node"),
+    "accuracy_threshold": ("0.95", "accuracy the model must reach to be promoted"),
+    "wait_timeout_seconds": ("0", "fail the wait step after this many seconds; 0 = never"),
+    "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
+    "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
+    "service_account": ("kubetrain", "ServiceAccount the steps run as (runtimes/rbac.yaml)"),
+}
+
+
+def workflow_parameter(name: str) -> str:
+    return "{{workflow.parameters." + name + "}}"
+
+
+def build_training_workflow(
+    kind: Literal["Workflow", "WorkflowTemplate"] = "Workflow",
+    storage: ClaimTemplate | ExistingClaim | None = None,
+    volume: SharedVolume = SHARED_VOLUME,
+    image: str = COMPONENT_IMAGE,
+) -> Workflow:
+    """The training workflow as a Hera ``Workflow`` or ``WorkflowTemplate``; storage defaults
+    to a claim per run for a Workflow and an existing claim for a WorkflowTemplate."""
+    if storage is None:
+        storage = ClaimTemplate() if kind == "Workflow" else ExistingClaim()
+    parameters = dict(PARAMETERS)
+    if isinstance(storage, ExistingClaim):
+        parameters["shared_pvc"] = (storage.default_claim, "ReadWriteMany claim for data")
+        claim = workflow_parameter("shared_pvc")
+        storage_fields = {
+            "volumes": [
+                Volume(
+                    name=volume.name,
+                    persistent_volume_claim=PersistentVolumeClaimVolumeSource(claim_name=claim),
+                )
+            ]
+        }
+    else:
+        claim = "{{workflow.name}}-" + volume.name
+        storage_fields = {
+            "volume_claim_templates": [claim_template(volume.name, storage)],
+            "volume_claim_gc": VolumeClaimGC(strategy="OnWorkflowSuccess"),
+        }
+    identity = (
+        {"generate_name": WORKFLOW_NAME + "-"} if kind == "Workflow" else {"name": WORKFLOW_NAME}
+    )
+    workflow_class = Workflow if kind == "Workflow" else WorkflowTemplate
+    with workflow_class(
+        **identity,
+        labels={"app.kubernetes.io/part-of": "kubetrain"},
+        entrypoint=ENTRYPOINT,
+        on_exit=EXIT_HANDLER,
+        arguments=[
+            Parameter(name=name, value=default, description=description)
+            for name, (default, description) in parameters.items()
+        ],
+        pod_gc=PodGC(strategy="OnWorkflowSuccess"),
+        ttl_strategy=TTLStrategy(
+            seconds_after_success=TTL_AFTER_SUCCESS, seconds_after_failure=TTL_AFTER_FAILURE
+        ),
+        **storage_fields,
+    ) as workflow:
+        add_tasks(workflow, claim, volume, image)
+    for template in workflow.templates:
+        if not isinstance(template, DAG):
+            template.service_account_name = workflow_parameter("service_account")
+    return workflow
+
+
+def claim_template(name: str, storage: ClaimTemplate) -> PersistentVolumeClaim:
+    return PersistentVolumeClaim(
+        metadata=ObjectMeta(name=name),
+        spec=PersistentVolumeClaimSpec(
+            access_modes=[storage.access_mode],
+            storage_class_name=storage.storage_class or None,
+            resources=VolumeResourceRequirements(requests={"storage": Quantity(storage.size)}),
+        ),
+    )
+
+
+def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) -> None:
+    """The DAG of the run and the exit handler's, inside ``workflow``'s context."""
+    run = "{{workflow.name}}"
+    namespace = "{{workflow.namespace}}"
+    shared = volume.mount_path
+    p = workflow_parameter
+    with DAG(name=ENTRYPOINT):
+        prep = dataset_prep_template(volume=volume, image=image)(
+            name="prep",
+            arguments={
+                "source": p("dataset_source"),
+                "output": f"{shared}/datasets/{run}",
+                "test_fraction": p("test_fraction"),
+                "seed": p("seed"),
+            },
+        )
+        launch = launch_trainjob_template(volume=volume, image=image)(
+            name="launch",
+            arguments={
+                "run_name": run,
+                "data": prep.get_parameter("dataset_dir").value,
+                "checkpoint_dir": f"{shared}/checkpoints/{run}",
+                "shared_pvc": claim,
+                "namespace": namespace,
+                **{
+                    name: p(name)
+                    for name in (
+                        "backend",
+                        "nodes",
+                        "procs_per_node",
+                        "strategy",
+                        "model",
+                        "epochs",
+                        "batch_size",
+                        "lr",
+                        "image",
+                        "runtime",
+                        "cpu",
+                        "memory",
+                        "gpu",
+                    )
+                },  # fmt: skip
+            },
+        )
+        wait = wait_trainjob_template(image=image)(
+            name="wait",
+            arguments={
+                "job_name": launch.get_parameter("job_name").value,
+                "backend": p("backend"),
+                "namespace": namespace,
+                "timeout_seconds": p("wait_timeout_seconds"),
+                "on_cancel": p("on_cancel"),
+            },
+        )
+        collect = collect_checkpoint_template(volume=volume, image=image)(
+            name="collect",
+            arguments={
+                "checkpoint_dir": launch.get_parameter("checkpoint_dir").value,
+                "output": f"{shared}/models/{run}",
+            },
+        )
+        evaluate = evaluate_model_template(volume=volume, image=image)(
+            name="evaluate",
+            arguments=[
+                collect.get_artifact("model"),
+                Parameter(name="data", value=prep.get_parameter("dataset_dir").value),
+                Parameter(name="threshold", value=p("accuracy_threshold")),
+            ],
+        )
+        promote = promote_model_template(volume=volume, image=image)(
+            name="promote",
+            when=f"{evaluate.get_parameter('passed').value} == true",
+            arguments=[
+                collect.get_artifact("model"),
+                Parameter(name="registry", value=p("model_registry")),
+                Parameter(name="version", value=run),
+                Parameter(name="accuracy", value=evaluate.get_parameter("accuracy").value),
+            ],
+        )
+        prep >> launch >> wait >> collect >> evaluate >> promote
+    with DAG(name=EXIT_HANDLER):
+        delete_trainjob_template(image=image)(
+            name="delete-trainjob",
+            when="{{workflow.status}} != Succeeded",
+            arguments={"run_name": run, "backend": p("backend"), "namespace": namespace},
+        )

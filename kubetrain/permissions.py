@@ -27,6 +27,7 @@ REQUIRED = (
     Permission("", "configmaps", ("create", "get", "delete")),
     Permission("batch", "jobs", ("create", "get", "list", "watch", "delete")),
     Permission("", "services", ("create", "get", "list", "watch", "delete")),
+    Permission("argoproj.io", "workflowtaskresults", ("create", "patch")),
     Permission("trainer.kubeflow.org", "clustertrainingruntimes", ("get", "list"), cluster=True),
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("get",), cluster=True,
                names=("trainjobs.trainer.kubeflow.org",)),

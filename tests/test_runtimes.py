@@ -126,6 +126,11 @@ EXPECTED_ROLE_RULES = [
         "resources": ["services"],
         "verbs": ["create", "get", "list", "watch", "delete"],
     },
+    {
+        "apiGroups": ["argoproj.io"],
+        "resources": ["workflowtaskresults"],
+        "verbs": ["create", "patch"],
+    },
 ]
 EXPECTED_CLUSTER_RULES = [
     {

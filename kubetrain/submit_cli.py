@@ -1,10 +1,12 @@
-"""`kubetrain submit kfp`: upload and run the compiled pipeline on a Kubeflow Pipelines server."""
+"""`kubetrain submit kfp|argo`: run the compiled pipeline on a Kubeflow Pipelines server, or
+the training workflow on an Argo Server (through Hera's ``WorkflowsService``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from kubetrain import submit_argo
 from kubetrain.errors import InvalidInput, KubetrainError
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
@@ -19,11 +21,17 @@ PARAMETER_PARSERS = {
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "submit",
-        help="run the compiled pipeline on a Kubeflow Pipelines server",
-        description="Submit the compiled pipeline to an orchestrator and print the run's id.",
+        help="run the pipeline on a Kubeflow Pipelines server or an Argo Server",
+        description=(
+            "Submit the compiled pipeline to an orchestrator and print the run's id (KFP) or "
+            "the workflow's name (Argo)."
+        ),
     )
     targets = parser.add_subparsers(
-        dest="target", metavar="TARGET", required=True, help="kfp: a Kubeflow Pipelines server"
+        dest="target",
+        metavar="TARGET",
+        required=True,
+        help="kfp: a Kubeflow Pipelines server; argo: an Argo Workflows server",
     )
     kfp = targets.add_parser(
         "kfp",
@@ -53,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="compiled pipeline YAML; default the installed training_pipeline.yaml",
     )
     kfp.set_defaults(handler=run_kfp)
+    submit_argo.register(targets)
 
 
 def pipeline_parameters(package: Path) -> dict[str, str]:

@@ -30,7 +30,11 @@ def example_workflow(tmp_path_factory) -> dict:
     script = tmp_path_factory.mktemp("example") / "my_workflow.py"
     script.write_text(readme_example())
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=script.parent
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=script.parent,
     )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)

@@ -34,6 +34,10 @@ def compile_all(
 ) -> list[Path]:
     """Write ``<components_dir>/<step>/component.yaml`` and
     ``<pipelines_dir>/compiled/<pipeline>.yaml``; defaults are the installed source folders."""
+    # Importing Hera makes PyYAML dump multi-line strings as blocks, process-wide
+    # (hera/_yaml.py); importing it before KFP compiles keeps the KFP YAML byte-identical
+    # whether or not something imported Hera first.
+    import hera.workflows  # noqa: F401
     from kfp import compiler
 
     components_dir = components_dir or package_dir("kubetrain.components")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.param_option import split_param
 
 if TYPE_CHECKING:
     import requests
@@ -224,14 +225,7 @@ def parse_workflow_arguments(
     """--param NAME=VALUE pairs checked against the workflow's parameters (Argo's are strings)."""
     arguments: dict[str, str] = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise InvalidInput("--param", f"{pair!r} is not NAME=VALUE", "write --param nodes=4")
-        if name not in declared:
-            raise InvalidInput(
-                "--param", f"the workflow has no parameter {name!r}",
-                f"use one of {', '.join(sorted(declared)) or '(none declared)'}",
-            )  # fmt: skip
+        name, value = split_param(pair, declared, "workflow")
         allowed = declared[name]
         if allowed and value not in allowed:
             raise InvalidInput(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kubetrain import submit_argo
 from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.param_option import split_param
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
 PARAMETER_PARSERS = {
@@ -76,14 +77,7 @@ def pipeline_parameters(package: Path) -> dict[str, str]:
 def parse_arguments(pairs: list[str], declared: dict[str, str]) -> dict[str, object]:
     arguments: dict[str, object] = {}
     for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep:
-            raise InvalidInput("--param", f"{pair!r} is not NAME=VALUE", "write --param nodes=4")
-        if name not in declared:
-            raise InvalidInput(
-                "--param", f"the pipeline has no parameter {name!r}",
-                f"use one of {', '.join(sorted(declared))}",
-            )  # fmt: skip
+        name, text = split_param(pair, declared, "pipeline")
         try:
             arguments[name] = PARAMETER_PARSERS[declared[name]](text)
         except (KeyError, ValueError):

@@ -27,13 +27,13 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 
 from kubetrain import __version__
 from kubetrain.datasets import MANIFEST, write_dataset
 from kubetrain.errors import InvalidInput
+from kubetrain.file_urls import file_url_path
 from kubetrain.integrity import sha256_file
 
 DEFAULT_SOURCE = "sklearn:digits"
@@ -142,18 +142,6 @@ def _check_seed(seed: int) -> None:
         raise InvalidInput("seed", f"{seed!r} is not an integer in 0..2**32-1", "give e.g. 0")
 
 
-def _file_url_to_path(url: str, field_name: str) -> Path:
-    """``file:///abs/path`` (or ``file://localhost/...``) -> a local path."""
-    parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost") or not parsed.path:
-        raise InvalidInput(
-            field_name,
-            f"{url!r} is not a local file URL",
-            "write it as file:///absolute/path (three slashes) or give a plain path",
-        )
-    return Path(unquote(parsed.path))
-
-
 def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
     """Refuse targets we must not replace: files, non-dataset folders with content, remote URLs.
 
@@ -164,7 +152,7 @@ def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
         raise InvalidInput("output_dir", "is empty", "give a folder path to write the dataset into")
     text = str(text)
     if text.startswith("file:"):
-        path = _file_url_to_path(text, "output_dir")
+        path = file_url_path(text, "output_dir")
     elif "://" in text:
         raise InvalidInput(
             "output_dir",
@@ -211,7 +199,7 @@ def _load_source(source: str, cache_dir: str | None) -> _Loaded:
     if lowered == "torchvision":
         return _load_torchvision(rest, cache_dir)
     if lowered == "file":
-        return _load_path(_file_url_to_path(source, "source"))
+        return _load_path(file_url_path(source, "source"))
     path = Path(source).expanduser()
     if sep and _SCHEME.fullmatch(scheme) and not path.exists():
         raise InvalidInput(

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from kubetrain import atomic
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
+from kubetrain.file_urls import file_url_path
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, read_model_card
 
@@ -54,14 +54,7 @@ def local_path(text: str, field: str) -> Path:
             f"{text!r} is a {url.group(1)}:// URL and only local paths are supported yet",
             "mount the storage and give its local path (or a file:// URL)",
         )
-    parsed = urlparse(text)
-    if parsed.netloc not in ("", "localhost") or not parsed.path:
-        raise InvalidInput(
-            field,
-            f"{text!r} is not a local file URL",
-            "write it as file:///absolute/path (three slashes) or give a plain path",
-        )
-    return Path(unquote(parsed.path))
+    return file_url_path(text, field)
 
 
 def validate_version(version: str) -> str:

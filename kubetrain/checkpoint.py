@@ -23,12 +23,20 @@ How a checkpoint is written, so that a crash never leaves a half-written one tha
 
 Readers ignore dot-folders and folders without a readable manifest, and the manifest is the
 last thing written before the rename, so a checkpoint folder either is complete or is not seen.
+
+``CKPT_DIR`` may also be an fsspec URL (``s3://bucket/prefix``). Object stores cannot rename a
+folder, so there the payload goes straight under ``CKPT_DIR/epoch-000003/`` (FSDP through
+DCP's ``FsspecWriter``), after rank 0 has removed any earlier attempt, manifest first; the
+manifest, listing the sha256 of every payload object read back from the store, is written
+last, and ``LATEST`` after it. A folder whose manifest is missing is never taken as a
+checkpoint, so a crash mid-write leaves nothing that looks done.
 With more than one node, ``CKPT_DIR`` must be storage that all nodes share: every rank reads
 it to resume, and every FSDP rank writes its shard into it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -43,9 +51,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kubetrain import atomic
+from kubetrain import atomic, storage
 from kubetrain.errors import IntegrityError
-from kubetrain.integrity import folder_digests, verify_digests
+from kubetrain.integrity import folder_digests
 
 FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"
@@ -60,7 +68,7 @@ _REQUIRED_KEYS = ("epoch", "step", "world_size", "strategy", "model", "metrics",
 _SINGLE_PROCESS_WARNING = ".*in a single process.*"
 _PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
 
-PathLike = str | os.PathLike[str]
+PathLike = storage.Location
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -73,15 +81,18 @@ def checkpoint_name(epoch: int) -> str:
 
 def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
     """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed."""
-    path = Path(ckpt_path) / MANIFEST
-    if not path.is_file():
+    try:
+        text = storage.read_text(storage.join(ckpt_path, MANIFEST))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise IntegrityError(
             f"checkpoint {ckpt_path}: no {MANIFEST}, so it is not a complete checkpoint; "
             "use the folder that CKPT_DIR/LATEST names"
-        )
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -104,7 +115,7 @@ def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
     return manifest
 
 
-def _is_complete(folder: Path) -> bool:
+def _is_complete(folder: PathLike) -> bool:
     try:
         read_manifest(folder)
     except IntegrityError:
@@ -112,26 +123,26 @@ def _is_complete(folder: Path) -> bool:
     return True
 
 
-def _epoch_of(folder: Path) -> int:
-    match = _NAME.fullmatch(folder.name)
+def _epoch_of(name: str) -> int:
+    match = _NAME.fullmatch(name)
     return int(match.group(1)) if match else -1
 
 
-def latest_checkpoint(checkpoint_dir: PathLike) -> Path | None:
-    """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
+def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
+    """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None
+    (a Path for a local CKPT_DIR, a URL for object storage)."""
+    if not storage.is_dir(checkpoint_dir):
         return None
     try:
-        named = (root / LATEST).read_text().strip()
+        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
     except (OSError, UnicodeDecodeError):
         named = ""
-    if _NAME.fullmatch(named) and _is_complete(root / named):
-        return root / named
-    folders = [p for p in root.iterdir() if p.is_dir() and _NAME.fullmatch(p.name)]
-    for folder in sorted(folders, key=_epoch_of, reverse=True):
-        if _is_complete(folder):
-            return folder
+    if _NAME.fullmatch(named) and _is_complete(storage.join(checkpoint_dir, named)):
+        return storage.join(checkpoint_dir, named)
+    names = [name for name in storage.list_dirs(checkpoint_dir) if _NAME.fullmatch(name)]
+    for name in sorted(names, key=_epoch_of, reverse=True):
+        if _is_complete(storage.join(checkpoint_dir, name)):
+            return storage.join(checkpoint_dir, name)
     return None
 
 
@@ -144,26 +155,58 @@ def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
                 f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
                 "it is incomplete, use an earlier checkpoint"
             )
-    verify_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
+    storage.verify_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
     return manifest
 
 
-def _dcp_model_tensors(dcp_path: Path) -> dict[str, torch.Tensor]:
+def _dcp_reader(dcp_path: PathLike):
+    """DCP's reader for a local folder, or its fsspec reader for object storage."""
+    import torch.distributed.checkpoint as dcp
+
+    if storage.is_local(dcp_path):
+        return dcp.FileSystemReader(str(storage.local_path(dcp_path)))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(os.fspath(dcp_path))
+
+
+def _dcp_writer(dcp_path: PathLike):
+    import torch.distributed.checkpoint as dcp
+
+    if storage.is_local(dcp_path):
+        return dcp.FileSystemWriter(str(storage.local_path(dcp_path)))
+    # torch 2.13 exports FsspecWriter/Reader only from this module.
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return FsspecWriter(os.fspath(dcp_path))
+
+
+def _load_safetensors(path: PathLike) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load, load_file
+
+    if storage.is_local(path):
+        return load_file(str(storage.local_path(path)))
+    # In one order on every rank: FSDP's load distributes the tensors with collectives in
+    # dict order, and safetensors' load(bytes) returns them in a per-process hash order.
+    return dict(sorted(load(storage.read_bytes(path)).items()))
+
+
+def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
     """Read the "model" entries of a DCP checkpoint into plain tensors, in this process alone."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(str(dcp_path)).read_metadata()
+    metadata = _dcp_reader(dcp_path).read_metadata()
     model: dict[str, torch.Tensor] = {}
     for key, entry in metadata.state_dict_metadata.items():
         path = metadata.planner_data.get(key, ()) if metadata.planner_data else ()
         if len(path) == 2 and path[0] == "model" and isinstance(entry, TensorStorageMetadata):
             model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     if not model:
-        raise IntegrityError(f"checkpoint {dcp_path.parent}: its DCP checkpoint has no model")
+        raise IntegrityError(f"checkpoint {dcp_path}: its DCP checkpoint has no model")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
-        dcp.load({"model": model}, checkpoint_id=str(dcp_path), no_dist=True)
+        dcp.load({"model": model}, storage_reader=_dcp_reader(dcp_path), no_dist=True)
     return model
 
 
@@ -171,10 +214,8 @@ def load_full_state_dict(ckpt_path: PathLike, verify: bool = True) -> dict[str, 
     """The model's full, unsharded state dict (plain module names), without a process group."""
     manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
     if manifest["strategy"] == "fsdp":
-        return _dcp_model_tensors(Path(ckpt_path) / DCP_DIR)
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(ckpt_path) / MODEL_FILE))
+        return _dcp_model_tensors(storage.join(ckpt_path, DCP_DIR))
+    return _load_safetensors(storage.join(ckpt_path, MODEL_FILE))
 
 
 def load_model(ckpt_path: PathLike, verify: bool = True) -> nn.Module:
@@ -230,7 +271,7 @@ def save_checkpoint(
     strategy: str,
     model_info: Mapping[str, Any],
     metrics: Sequence[Mapping[str, Any]],
-) -> Path:
+) -> Path | str:
     """Write the checkpoint of ``epoch`` (collective: every rank calls it) and return its path.
 
     ``model`` may be wrapped in DDP or be FSDP2-sharded; ``model_info`` holds the spec,
@@ -240,13 +281,13 @@ def save_checkpoint(
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
-    root = Path(checkpoint_dir)
-    final = root / checkpoint_name(epoch)
-    staged = root / f".tmp-{final.name}"
+    local = storage.is_local(checkpoint_dir)
+    final = storage.join(checkpoint_dir, checkpoint_name(epoch))
+    # Locally a hidden folder renamed into place; on object storage the final prefix itself.
+    target = storage.join(checkpoint_dir, f".tmp-{checkpoint_name(epoch)}") if local else final
     rank = _rank()
     if rank == 0:
-        shutil.rmtree(staged, ignore_errors=True)
-        staged.mkdir(parents=True)
+        _clear(target)
     _barrier()
 
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -256,11 +297,11 @@ def save_checkpoint(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
             dcp.save(
-                {"model": model_state, "optim": optim_state}, checkpoint_id=str(staged / DCP_DIR)
+                {"model": model_state, "optim": optim_state},
+                storage_writer=_dcp_writer(storage.join(target, DCP_DIR)),
             )
     elif rank == 0:
-        _write_model_file(staged / MODEL_FILE, _plain_tensors(model_state))
-        torch.save(optim_state, staged / OPTIMIZER_FILE)
+        _write_ddp_payload(target, _plain_tensors(model_state), optim_state)
     _barrier()
 
     if rank == 0:
@@ -272,14 +313,46 @@ def save_checkpoint(
             "strategy": strategy,
             "model": dict(model_info),
             "metrics": [dict(entry) for entry in metrics],
-            "files": folder_digests(staged, exclude=(MANIFEST,)),
+            "files": {},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        atomic.publish_dir(staged, final)
-        atomic.write_text(root / LATEST, final.name + "\n")
+        if local:
+            manifest["files"] = folder_digests(target, exclude=(MANIFEST,))
+            (target / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            atomic.publish_dir(target, final)
+            atomic.write_text(storage.join(checkpoint_dir, LATEST), checkpoint_name(epoch) + "\n")
+        else:
+            manifest["files"] = storage.folder_digests(target, exclude=(MANIFEST,))
+            storage.write_text(
+                storage.join(target, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True)
+            )
+            storage.write_text(storage.join(checkpoint_dir, LATEST), checkpoint_name(epoch) + "\n")
     _barrier()
     return final
+
+
+def _clear(target: PathLike) -> None:
+    """Remove an earlier attempt at ``target``, its manifest first so no reader trusts it."""
+    if storage.is_local(target):
+        shutil.rmtree(target, ignore_errors=True)
+        Path(target).mkdir(parents=True)
+        return
+    storage.retract(target, MANIFEST)
+
+
+def _write_ddp_payload(
+    target: PathLike, tensors: dict[str, torch.Tensor], optim_state: dict[str, Any]
+) -> None:
+    if storage.is_local(target):
+        _write_model_file(Path(target) / MODEL_FILE, tensors)
+        torch.save(optim_state, Path(target) / OPTIMIZER_FILE)
+        return
+    from safetensors.torch import save
+
+    storage.write_bytes(storage.join(target, MODEL_FILE), save(tensors))
+    buffer = io.BytesIO()
+    torch.save(optim_state, buffer)
+    storage.write_bytes(storage.join(target, OPTIMIZER_FILE), buffer.getvalue())
 
 
 # --- resuming --------------------------------------------------------------------------------
@@ -324,15 +397,14 @@ def restore_checkpoint(
         request = {"model": _tensor_leaves(model_state), "optim": _tensor_leaves(optim_state)}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
-            dcp.load(request, checkpoint_id=str(Path(ckpt_path) / DCP_DIR))
+            dcp.load(request, storage_reader=_dcp_reader(storage.join(ckpt_path, DCP_DIR)))
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     else:
-        from safetensors.torch import load_file
-
-        model_state = load_file(str(Path(ckpt_path) / MODEL_FILE))
-        optim_state = torch.load(
-            Path(ckpt_path) / OPTIMIZER_FILE, map_location="cpu", weights_only=True
-        )
+        model_state = _load_safetensors(storage.join(ckpt_path, MODEL_FILE))
+        with storage.open_file(storage.join(ckpt_path, OPTIMIZER_FILE)) as handle:
+            optim_state = torch.load(
+                io.BytesIO(handle.read()), map_location="cpu", weights_only=True
+            )
         set_state_dict(
             model,
             optimizer,

@@ -6,22 +6,21 @@ Layout (format ``kubetrain.dataset/v1``)::
     DIR/train.safetensors    x: float32 [N, *sample_shape] (already normalised), y: int64 [N]
     DIR/test.safetensors     same, the held-out split
 
-The folder is published atomically: it either does not exist or is complete.
+The folder is published atomically: it either does not exist or is complete. DIR may be a
+local path or an fsspec URL (``s3://bucket/prefix``); see :mod:`kubetrain.storage`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kubetrain import atomic
+from kubetrain import storage
 from kubetrain.errors import IntegrityError
-from kubetrain.integrity import sha256_file, verify_digests
+from kubetrain.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
 SPLITS = ("train", "test")
@@ -29,7 +28,7 @@ MANIFEST = "manifest.json"
 
 
 def write_dataset(
-    output_dir: str | os.PathLike[str],
+    output_dir: storage.Location,
     splits: dict[str, tuple[np.ndarray, np.ndarray]],
     classes: list[str],
     mean: list[float],
@@ -37,12 +36,12 @@ def write_dataset(
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
     """Write normalised ``(x, y)`` arrays per split and the manifest, then publish atomically."""
-    staged = atomic.staging_dir(output_dir)
+    staged = storage.staging_dir(output_dir)
     try:
         manifest = _write_staged(staged, splits, classes, mean, std, provenance)
-        atomic.publish_dir(staged, output_dir)
+        storage.publish_dir(staged, output_dir, MANIFEST)
     except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
+        storage.discard_staging(staged)
         raise
     return manifest
 
@@ -83,15 +82,18 @@ def _write_staged(
     return manifest
 
 
-def read_manifest(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
+def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
+    """The manifest of a dataset folder, or of the one a pointer folder names."""
+    data_dir = storage.dereference(data_dir)
+    try:
+        text = storage.read_text(storage.join(data_dir, MANIFEST))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise IntegrityError(
             f"dataset {data_dir}: no {MANIFEST}; "
             "point --data at a folder written by `kubetrain prep`"
-        )
+        ) from None
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
     except json.JSONDecodeError as exc:
         raise IntegrityError(f"dataset {data_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
     if manifest.get("format") != FORMAT:
@@ -102,10 +104,11 @@ def read_manifest(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def load_split(data_dir: str | os.PathLike[str], split: str, verify: bool = True):
+def load_split(data_dir: storage.Location, split: str, verify: bool = True):
     """Return ``(x, y)`` torch tensors of one split, checked against the manifest's sha256."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
+    data_dir = storage.dereference(data_dir)
     manifest = read_manifest(data_dir)
     entry = manifest["splits"].get(split)
     if entry is None:
@@ -113,8 +116,8 @@ def load_split(data_dir: str | os.PathLike[str], split: str, verify: bool = True
             f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])})"
         )
     if verify:
-        verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
-    tensors = load_file(str(Path(data_dir) / entry["file"]))
+        storage.verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
+    tensors = load(storage.read_bytes(storage.join(data_dir, entry["file"])))
     x, y = tensors["x"], tensors["y"]
     if len(x) != entry["count"] or len(y) != entry["count"]:
         raise IntegrityError(

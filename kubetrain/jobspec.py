@@ -204,6 +204,9 @@ class TrainJobSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     service_account: str = ""
+    #: A Secret (e.g. S3 credentials and endpoint) whose keys the nodes get as environment
+    #: variables; only its name is rendered, never its values. The local backend ignores it.
+    storage_secret: str = ""
     suspend: bool = False
     active_deadline_seconds: int | None = None
     dataset_initializer: Initializer | None = None
@@ -260,6 +263,12 @@ class TrainJobSpec:
                 f"{self.service_account!r} is not a ServiceAccount name",
                 "use lowercase letters, digits, '-' and '.'",
             )
+        if self.storage_secret and not DNS_SUBDOMAIN_PATTERN.match(self.storage_secret):
+            raise InvalidInput(
+                "storage_secret",
+                f"{self.storage_secret!r} is not a Secret name",
+                "use lowercase letters, digits, '-' and '.'",
+            )
         if self.active_deadline_seconds is not None and self.active_deadline_seconds < 1:
             raise InvalidInput(
                 "active_deadline_seconds",
@@ -307,6 +316,7 @@ class TrainJobSpec:
             node_selector=dict(data.get("node_selector", {})),
             tolerations=tuple(Toleration(**t) for t in data.get("tolerations", ())),
             service_account=data.get("service_account", ""),
+            storage_secret=data.get("storage_secret", ""),
             suspend=data.get("suspend", False),
             active_deadline_seconds=data.get("active_deadline_seconds"),
             dataset_initializer=_optional(Initializer, data.get("dataset_initializer")),

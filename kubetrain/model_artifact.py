@@ -1,35 +1,50 @@
 """The collected-model folder: ``model.safetensors`` (full state dict, card in its header) and
-``model.json`` (the model card: provenance, training metrics, sha256 of the model file)."""
+``model.json`` (the model card: provenance, training metrics, sha256 of the model file).
+
+The folder may be local, an fsspec URL (``s3://bucket/models/run``) or a KFP artifact folder
+holding only a ``LOCATION`` pointer to one (see :func:`kubetrain.storage.dereference`)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+import torch
+
+from kubetrain import storage
 from kubetrain.errors import IntegrityError
-from kubetrain.integrity import sha256_file
 
 MODEL_FORMAT = "kubetrain.model/v1"
 MODEL_FILE = "model.safetensors"
 MODEL_CARD = "model.json"
 
 
-def read_model_card(model_dir: str) -> dict[str, Any]:
+def read_model_card(model_dir: storage.Location) -> dict[str, Any]:
     """The card of a collected model, with the model file checked against its sha256."""
-    card_path = Path(model_dir) / MODEL_CARD
-    if not card_path.is_file():
-        raise IntegrityError(f"model {model_dir}: no {MODEL_CARD}; collect the model first")
-    card = json.loads(card_path.read_text())
+    folder = storage.dereference(model_dir)
+    try:
+        card = json.loads(storage.read_text(storage.join(folder, MODEL_CARD)))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise IntegrityError(f"model {folder}: no {MODEL_CARD}; collect the model first") from None
     if card.get("format") != MODEL_FORMAT:
+        raise IntegrityError(f"model {folder}: format {card.get('format')!r} is not {MODEL_FORMAT}")
+    model_file = storage.join(folder, MODEL_FILE)
+    try:
+        actual = storage.sha256(model_file)
+    except FileNotFoundError:
+        raise IntegrityError(f"model {folder}: {MODEL_FILE} is missing") from None
+    if actual != card["sha256"]:
         raise IntegrityError(
-            f"model {model_dir}: format {card.get('format')!r} is not {MODEL_FORMAT}"
-        )
-    model_file = Path(model_dir) / MODEL_FILE
-    if not model_file.is_file():
-        raise IntegrityError(f"model {model_dir}: {MODEL_FILE} is missing")
-    if sha256_file(model_file) != card["sha256"]:
-        raise IntegrityError(
-            f"model {model_dir}: {model_file} does not match its sha256; re-collect it"
+            f"model {folder}: {model_file} does not match its sha256; re-collect it"
         )
     return card
+
+
+def load_model_weights(model_dir: storage.Location) -> dict[str, torch.Tensor]:
+    """The state dict in ``model.safetensors`` (safetensors: no pickle, nothing executed)."""
+    from safetensors.torch import load, load_file
+
+    model_file = storage.join(storage.dereference(model_dir), MODEL_FILE)
+    if storage.is_local(model_file):
+        return load_file(str(model_file))
+    return dict(sorted(load(storage.read_bytes(model_file)).items()))

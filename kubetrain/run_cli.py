@@ -60,6 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="folder for the run's artifacts (KFP pipeline root); default ./runs",
     )
     parser.add_argument(
+        "--storage",
+        default="",
+        metavar="URL",
+        help="object storage (e.g. s3://bucket/prefix) for the dataset, checkpoints and model, "
+        "under URL/{datasets,checkpoints,models}/<run>; endpoint and keys from AWS_ENDPOINT_URL, "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION; default: local folders",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=0,
@@ -71,11 +79,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kfp import local
 
+    from kubetrain import storage
     from kubetrain.backends.local_supervisor import program_path
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.pipelines.training_pipeline import training_pipeline
 
     validate_threshold(args.threshold)
+    if args.storage:
+        storage.resolve(args.storage, "--storage")
     # Our component image is a Python image; KFP guesses from its name that it may not be.
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
@@ -97,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             accuracy_threshold=float(args.threshold),
             wait_timeout_seconds=float(args.timeout),
+            storage=args.storage,
         ).outputs
     except RuntimeError as exc:
         raise KubetrainError(f"pipeline failed: {exc}") from exc
@@ -110,6 +122,6 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
     print(f"time     {elapsed:.1f}s")
-    print(f"model    {outputs['model'].path}")
+    print(f"model    {storage.dereference(outputs['model'].path)}")
     print(f"metrics  {outputs['metrics'].path}")
     return 0 if passed else 3

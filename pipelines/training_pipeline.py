@@ -42,11 +42,21 @@ def training_pipeline(
     namespace: str = "default",
     shared_pvc: str = "kubetrain-shared",
     service_account: str = "",
+    storage: str = "",
+    storage_secret: str = "",
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
     [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
 ):
-    prep = dataset_prep(source=dataset_source, test_fraction=test_fraction, seed=seed)
+    # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
+    # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
+    prep = dataset_prep(
+        source=dataset_source,
+        test_fraction=test_fraction,
+        seed=seed,
+        storage=storage,
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+    )
     launch = launch_trainjob(
         dataset=prep.outputs["dataset"],
         run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
@@ -65,6 +75,8 @@ def training_pipeline(
         shared_pvc=shared_pvc,
         shared_mount=SHARED_MOUNT,
         service_account=service_account,
+        storage=storage,
+        storage_secret=storage_secret,
     )
     launch.set_caching_options(False)
     # On a cluster, the dataset and checkpoints travel through a ReadWriteMany PVC that the
@@ -77,7 +89,11 @@ def training_pipeline(
         namespace=namespace,
     )
     wait.set_caching_options(False)
-    collect = collect_checkpoint(checkpoint_dir=launch.outputs["checkpoint_dir"]).after(wait)
+    collect = collect_checkpoint(
+        checkpoint_dir=launch.outputs["checkpoint_dir"],
+        storage=storage,
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+    ).after(wait)
     kubernetes.mount_pvc(collect, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
     evaluate = evaluate_model(
         model=collect.outputs["model"],

@@ -2,8 +2,10 @@
 the model as one ``model.safetensors`` (plus a ``model.json`` card) in an output folder.
 
 FSDP's sharded DCP checkpoints are gathered into one full state dict first, so what is
-published has the same keys and shapes whatever the strategy. The output folder appears
-only when complete (staging folder, fsync, rename).
+published has the same keys and shapes whatever the strategy. Checkpoint and output may be
+local folders or fsspec URLs (``s3://bucket/prefix``). The output appears only when complete:
+locally a staging folder renamed into place; on object storage the model file first and the
+card (``model.json``, which readers require) last.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain import atomic
+from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
@@ -34,11 +36,12 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
 
     if not checkpoint_dir:
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
-    if not Path(checkpoint_dir).is_dir():
+    if not storage.is_dir(checkpoint_dir, "checkpoint_dir"):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} does not exist; did the training job run and "
             "write a checkpoint there?"
         )
+    storage.resolve(output_dir, "output")  # refuse an unusable output before the work
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is None:
         raise IntegrityError(
@@ -65,9 +68,31 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
         "checkpoint_files": manifest["files"],
     }
     header = {key: json.dumps(value) for key, value in card.items()}
-    staged = atomic.staging_dir(output_dir)
-    save_file(state, str(staged / MODEL_FILE), metadata=header)
-    card["sha256"] = sha256_file(staged / MODEL_FILE)
-    (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
-    atomic.publish_dir(staged, output_dir)
-    return CollectedModel(path=str(Path(output_dir) / MODEL_FILE), sha256=card["sha256"], card=card)
+    staged = storage.staging_dir(output_dir)
+    try:
+        save_file(state, str(staged / MODEL_FILE), metadata=header)
+        card["sha256"] = sha256_file(staged / MODEL_FILE)
+        card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
+        if storage.is_local(output_dir):
+            (staged / MODEL_CARD).write_text(card_text)
+            storage.publish_dir(staged, output_dir, MODEL_CARD)
+        else:
+            storage.retract(output_dir, MODEL_CARD)
+            _copy_model_file(staged / MODEL_FILE, str(storage.join(output_dir, MODEL_FILE)))
+            storage.write_text(storage.join(output_dir, MODEL_CARD), card_text)
+    finally:
+        storage.discard_staging(staged)
+    return CollectedModel(
+        path=str(storage.join(output_dir, MODEL_FILE)), sha256=card["sha256"], card=card
+    )
+
+
+def _copy_model_file(source: Path, target: str) -> None:
+    """Upload the model file in bounded chunks and check what landed against its sha256."""
+    from kubetrain.integrity import CHUNK_BYTES
+
+    with open(source, "rb") as reader, storage.open_file(target, "wb") as writer:
+        while chunk := reader.read(CHUNK_BYTES):
+            writer.write(chunk)
+    if storage.sha256(target) != sha256_file(source):
+        raise IntegrityError(f"model {target}: the uploaded copy differs from {source}; retry")

@@ -15,6 +15,8 @@ def dataset_prep(
     source: str = "sklearn:digits",
     test_fraction: float = 0.2,
     seed: int = 0,
+    storage: str = "",
+    run_name: str = "",
 ):
     """Prepare a split, normalised, checksummed dataset folder for the training step.
 
@@ -26,12 +28,21 @@ def dataset_prep(
         test_fraction: Share of samples held out for testing (stratified split); ignored
             by sources with their own split.
         seed: Seed of the split; the same seed gives byte-identical files.
+        storage: Object-storage URL (e.g. s3://bucket/prefix); when given, the dataset is
+            written to storage/datasets/<run_name> and ``dataset`` holds only a LOCATION
+            pointer to it (its metadata ``uri`` names it too).
+        run_name: Names the dataset's folder under ``storage``; pass the pipeline run's name.
     """
+    from kubetrain import storage as object_storage
     from kubetrain.components.dataset_prep.prep import prepare_dataset
 
+    output = object_storage.run_folder(storage, "datasets", run_name) if storage else dataset.path
     manifest = prepare_dataset(
-        source=source, output_dir=dataset.path, test_fraction=test_fraction, seed=seed
+        source=source, output_dir=output, test_fraction=test_fraction, seed=seed
     )
+    if storage:
+        object_storage.write_pointer(dataset.path, output)
+        dataset.metadata["uri"] = str(output)
     dataset.metadata.update(
         {
             "format": manifest["format"],

@@ -142,8 +142,8 @@ def _check_seed(seed: int) -> None:
         raise InvalidInput("seed", f"{seed!r} is not an integer in 0..2**32-1", "give e.g. 0")
 
 
-def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
-    """Refuse targets we must not replace: files, non-dataset folders with content, remote URLs.
+def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path | str:
+    """Refuse targets we must not replace: files, non-dataset folders with content.
 
     Publishing replaces the target folder, so a mistyped ``--output ~`` must fail here.
     """
@@ -154,11 +154,7 @@ def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
     if text.startswith("file:"):
         path = file_url_path(text, "output_dir")
     elif "://" in text:
-        raise InvalidInput(
-            "output_dir",
-            f"{text!r} is a remote URL",
-            "give a local folder (mount remote storage first, as KFP does for artifacts)",
-        )
+        return _check_remote_output(text)
     else:
         path = Path(text).expanduser()
     if path.exists():
@@ -183,6 +179,20 @@ def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
             "choose a folder you can write to",
         )
     return path
+
+
+def _check_remote_output(url: str) -> str:
+    """An object-storage prefix: empty, or a dataset that prep may replace."""
+    from kubetrain import storage
+
+    storage.resolve(url, "output_dir")
+    if storage.is_dir(url, "output_dir") and not storage.is_file(storage.join(url, MANIFEST)):
+        raise InvalidInput(
+            "output_dir",
+            f"{url} holds objects but no kubetrain dataset, and prep replaces its output",
+            "choose a new or empty prefix",
+        )
+    return url
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also write all metrics as JSON to FILE (an Argo output artifact)",
     )
     parser.add_argument(
+        "--report",
+        default="",
+        metavar="DIR",
+        help="also publish an HTML report (training curves, confusion matrix, model card) as "
+        "the folder DIR: report.html, training_curves.png, confusion_matrix.png",
+    )
+    parser.add_argument(
         "--fail-below-threshold",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -45,17 +52,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from kubetrain.atomic import write_json
-    from kubetrain.components.evaluate_model.evaluate import evaluate_model
+    from kubetrain.components.evaluate_model.evaluate import evaluate_model, evaluation_report
+    from kubetrain.report import write_report
 
     result = evaluate_model(args.model, args.data, threshold=args.threshold)
-    metrics = {**asdict(result), "passed": result.passed}
+    metrics = result.as_dict()
     if args.json:
         print(json.dumps(metrics, indent=2))
     if args.metrics_output:
         write_json(args.metrics_output, metrics)
+    if args.report:
+        report = write_report(evaluation_report(args.model, args.data, result), args.report)
     write_output_parameters(
         args.output_parameters,
         {"accuracy": result.accuracy, "loss": result.loss, "passed": result.passed},
@@ -65,4 +73,6 @@ def run(args: argparse.Namespace) -> int:
         f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
         f"{verdict} ({result.threshold:g})"
     )
+    if args.report:
+        print(f"report {report}")
     return 0 if result.passed or not args.fail_below_threshold else 3

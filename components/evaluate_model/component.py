@@ -13,12 +13,16 @@ def evaluate_model(
     dataset: dsl.Input[dsl.Dataset],
     metrics: dsl.Output[dsl.Metrics],
     classification_metrics: dsl.Output[dsl.ClassificationMetrics],
+    report: dsl.Output[dsl.HTML],
     threshold: float = 0.95,
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool), ("accuracy", float)]):  # noqa: UP014
-    """Score the model on the held-out split; ``passed`` (accuracy >= threshold) is for dsl.If."""
+    """Score the model on the held-out split; ``passed`` (accuracy >= threshold) is for dsl.If.
+    ``report`` is one self-contained HTML page (images embedded) that the KFP UI renders."""
     from collections import namedtuple
 
+    from kubetrain.atomic import write_text
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
+    from kubetrain.components.evaluate_model.evaluate import evaluation_report
 
     result = evaluate(model.path, dataset.path, threshold=threshold)
     metrics.log_metric("accuracy", result.accuracy)
@@ -30,6 +34,7 @@ def evaluate_model(
         metrics.log_metric(f"precision_{name}", precision)
         metrics.log_metric(f"recall_{name}", recall)
     classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
+    write_text(report.path, evaluation_report(model.path, dataset.path, result).html)
     print(
         f"accuracy {result.accuracy:.3f} (threshold {threshold:g}): "
         f"{'passed' if result.passed else 'below threshold'}"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from kubetrain.errors import IntegrityError, InvalidInput
+
+if TYPE_CHECKING:
+    from kubetrain.report import Report
 
 EVAL_BATCH_SIZE = 1024
 
@@ -25,6 +28,10 @@ class Evaluation:
     def passed(self) -> bool:
         return self.accuracy >= self.threshold
 
+    def as_dict(self) -> dict[str, Any]:
+        """Every field plus ``passed``: the metrics JSON the CLI writes and the report shows."""
+        return {**asdict(self), "passed": self.passed}
+
 
 def validate_threshold(threshold: float) -> float:
     if not 0.0 <= threshold <= 1.0:
@@ -36,11 +43,10 @@ def validate_threshold(threshold: float) -> float:
 
 def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Evaluation:
     import torch
-    from safetensors.torch import load_file
     from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     from kubetrain.datasets import load_split, read_manifest
-    from kubetrain.model_artifact import MODEL_FILE, read_model_card
+    from kubetrain.model_artifact import load_model_weights, read_model_card
     from kubetrain.models import build_model
 
     validate_threshold(threshold)
@@ -62,7 +68,7 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
         )
     model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
     try:
-        model.load_state_dict(load_file(str(Path(model_dir) / MODEL_FILE)), strict=True)
+        model.load_state_dict(load_model_weights(model_dir), strict=True)
     except RuntimeError as exc:
         raise IntegrityError(
             f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
@@ -93,3 +99,12 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
         samples=len(truth),
         threshold=threshold,
     )
+
+
+def evaluation_report(model_dir: str, data_dir: str, result: Evaluation) -> Report:
+    """The HTML report of ``result``, with the training history from the model's card."""
+    from kubetrain.datasets import read_manifest
+    from kubetrain.model_artifact import read_model_card
+    from kubetrain.report import build_report
+
+    return build_report(read_model_card(model_dir), result.as_dict(), read_manifest(data_dir))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hera.workflows import Artifact, Container
+from hera.workflows import Artifact, Container, NoneArchiveStrategy
 
 from kubetrain.argo_steps import (
     INPUTS_DIR,
@@ -19,6 +19,7 @@ from kubetrain.images import COMPONENT_IMAGE
 
 MODEL_PATH = f"{INPUTS_DIR}/model"
 METRICS_PATH = f"{OUTPUTS_DIR}/metrics.json"
+REPORT_PATH = f"{OUTPUTS_DIR}/report"
 
 
 def evaluate_model_template(
@@ -41,6 +42,8 @@ def evaluate_model_template(
             "--no-fail-below-threshold",
             "--metrics-output",
             METRICS_PATH,
+            "--report",
+            REPORT_PATH,
         ],  # fmt: skip
         [
             input_parameter("data", "dataset folder written by the prep step"),
@@ -51,6 +54,8 @@ def evaluate_model_template(
             output_parameter("loss", "mean cross-entropy on the test split"),
             output_parameter("passed", "true when accuracy >= threshold"),
             file_artifact("metrics", METRICS_PATH),
+            # a folder stored unarchived, so Argo's UI lists it and opens report.html
+            Artifact(name="report", path=REPORT_PATH, archive=NoneArchiveStrategy()),
         ],
         input_artifacts=[Artifact(name="model", path=MODEL_PATH)],
         volume=volume,

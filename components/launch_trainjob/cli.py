@@ -103,6 +103,15 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument("--service-account", default="", help="ServiceAccount the nodes run as")
     job.add_argument(
+        "--storage-secret",
+        default="",
+        metavar="NAME",
+        help="Secret holding the object-storage endpoint and keys (AWS_ENDPOINT_URL, "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION) for s3:// --data and "
+        "--checkpoint-dir; the nodes get its keys as environment variables, by reference only. "
+        "Ignored by the local backend, whose nodes inherit this environment",
+    )
+    job.add_argument(
         "--label",
         action="append",
         default=[],
@@ -146,11 +155,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("our trainer (used when no command is given)")
-    training.add_argument("--data", default="", help="dataset folder written by `kubetrain prep`")
+    training.add_argument(
+        "--data",
+        default="",
+        help="dataset folder written by `kubetrain prep`: a path or an s3:// (fsspec) URL",
+    )
     training.add_argument(
         "--checkpoint-dir",
         default="",
-        help="where rank 0 writes checkpoints; default: the backend's job folder",
+        help="where rank 0 writes checkpoints, a path or an s3:// (fsspec) URL; default: the "
+        "backend's job folder",
     )
     training.add_argument("--strategy", default="ddp", help="ddp or fsdp (FSDP2); default ddp")
     training.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
@@ -250,6 +264,7 @@ def job_spec_from_args(args: argparse.Namespace, name: str, command: list[str]):
         node_selector=parse_pairs(args.node_selector, "--node-selector"),
         tolerations=tuple(parse_toleration(t) for t in args.toleration),
         service_account=args.service_account,
+        storage_secret=args.storage_secret,
         suspend=args.suspend,
         active_deadline_seconds=args.active_deadline_seconds,
         dataset_initializer=Initializer(args.dataset_uri, args.dataset_secret)

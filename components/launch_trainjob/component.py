@@ -27,6 +27,8 @@ def launch_trainjob(
     shared_pvc: str = "",
     shared_mount: str = "/mnt/shared",
     service_account: str = "",
+    storage: str = "",
+    storage_secret: str = "",
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
@@ -37,6 +39,11 @@ def launch_trainjob(
     On a cluster backend with ``shared_pvc`` (mounted into this step at ``shared_mount``, e.g.
     with kfp-kubernetes ``mount_pvc``), the dataset is copied onto the claim and the TrainJob's
     nodes mount it at the same path for data and checkpoints.
+
+    With ``storage`` (an object-storage URL such as ``s3://bucket/prefix``), the nodes read
+    the dataset where ``dataset`` points (see dataset_prep) and write checkpoints under
+    ``storage/checkpoints/<run_name>``; they get the endpoint and keys from Secret
+    ``storage_secret`` (its name only is rendered into the job).
     """
     from collections import namedtuple
 
@@ -68,6 +75,8 @@ def launch_trainjob(
         if shared_pvc and backend != "local"
         else None,
         service_account=service_account,
+        storage_url=storage,
+        storage_secret=storage_secret,
     )
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubetrain import storage
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.errors import InvalidInput
 from kubetrain.images import TRAINER_IMAGE
@@ -105,25 +106,36 @@ def launch_training(
     backend_options: BackendOptions | None = None,
     shared_volume: Volume | None = None,
     service_account: str = "",
+    storage_url: str = "",
+    storage_secret: str = "",
 ) -> LaunchResult:
     """Launch our DDP/FSDP trainer as a distributed job.
 
-    With ``shared_volume`` (a PVC this step has mounted at its ``mount_path``, as the nodes
-    will), the dataset is first copied onto it and checkpoints default to it; otherwise the
-    checkpoint folder defaults to the backend's per-job folder.
+    A dataset in object storage (a URL, or a KFP artifact pointing at one) is read there by
+    the nodes, with the keys of Secret ``storage_secret``; checkpoints go under
+    ``storage_url/checkpoints/<run_name or job>`` when ``storage_url`` is given. Otherwise, with
+    ``shared_volume`` (a PVC this step has mounted at its ``mount_path``, as the nodes will),
+    the dataset is first copied onto it and checkpoints default to it; else the checkpoint
+    folder defaults to the backend's per-job folder.
     """
     options.validate()
     name = resolve_job_name(job_name, run_name)
     backend_impl = get_backend(backend, backend_options)
-    data_dir, volumes = options.data_dir, ()
+    source = str(storage.dereference(options.data_dir))
+    data_dir, volumes = source, ()
+    copy_dataset = shared_volume is not None and storage.is_local(source)
     if shared_volume is not None:
-        data_dir = str(Path(shared_volume.mount_path) / "datasets" / name)
         volumes = (shared_volume,)
-    checkpoint_dir = options.checkpoint_dir or (
-        str(Path(shared_volume.mount_path) / "checkpoints" / name)
-        if shared_volume is not None
-        else backend_impl.default_checkpoint_dir(name)
-    )
+    if copy_dataset:
+        data_dir = str(Path(shared_volume.mount_path) / "datasets" / name)
+    if options.checkpoint_dir:
+        checkpoint_dir = options.checkpoint_dir
+    elif storage_url:
+        checkpoint_dir = str(storage.join(storage_url, "checkpoints", run_name or name))
+    elif shared_volume is not None:
+        checkpoint_dir = str(Path(shared_volume.mount_path) / "checkpoints" / name)
+    else:
+        checkpoint_dir = backend_impl.default_checkpoint_dir(name)
     labels = {"app.kubernetes.io/managed-by": "kubetrain"}
     if run_name:
         labels["kubetrain.io/run-name"] = label_value(run_name)
@@ -141,8 +153,9 @@ def launch_training(
         labels=labels,
         pod_labels=labels,
         service_account=service_account,
+        storage_secret=storage_secret,
     ).validate()
-    if shared_volume is not None:
-        stage_dataset(options.data_dir, data_dir)
+    if copy_dataset:
+        stage_dataset(source, data_dir)
     backend_impl.launch(spec)
     return LaunchResult(job_name=name, checkpoint_dir=checkpoint_dir)

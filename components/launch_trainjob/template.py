@@ -49,6 +49,8 @@ def launch_trainjob_template(
         input_parameter("cpu", "CPU per node (Kubernetes quantity); empty = the runtime's", ""),
         input_parameter("memory", "memory per node; empty = the runtime's", ""),
         input_parameter("gpu", "GPUs per node", "0"),
+        input_parameter("storage_secret", "Secret with S3 endpoint and keys for s3:// data and "
+                        "checkpoints; empty = none", ""),
     ]  # fmt: skip
     return step_template(
         name,
@@ -74,6 +76,8 @@ def launch_trainjob_template(
             inputs("memory"),
             "--gpu",
             inputs("gpu"),
+            "--storage-secret",
+            inputs("storage_secret"),
             "--volume",
             f"{volume.name}={inputs('shared_pvc')}:{mount}",
             "--pod-label",

@@ -154,6 +154,9 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
     mounts = pod.volume_mounts(spec)
     if mounts:
         container["volumeMounts"] = mounts
+    env_from = pod.storage_env_from(spec)
+    if env_from:
+        container["envFrom"] = env_from
     pod_spec: dict[str, Any] = {
         "subdomain": spec.name,
         "restartPolicy": "Never",

@@ -96,6 +96,39 @@ def env_list(env: dict[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
+#: What S3 clients (botocore, s3fs) read their endpoint and credentials from.
+STORAGE_ENV_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+
+
+def storage_env_from(spec: TrainJobSpec) -> list[dict[str, Any]]:
+    """``envFrom`` for the storage Secret: every key of it, by reference only."""
+    return [{"secretRef": {"name": spec.storage_secret}}] if spec.storage_secret else []
+
+
+def storage_secret_env(spec: TrainJobSpec) -> list[dict[str, Any]]:
+    """The storage Secret's S3 keys as ``secretKeyRef`` variables (optional: a Secret may hold
+    only some), for where ``envFrom`` cannot go: the TrainJob's trainer and container patches
+    carry ``env`` but not ``envFrom``."""
+    if not spec.storage_secret:
+        return []
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {"name": spec.storage_secret, "key": key, "optional": True}
+            },
+        }
+        for key in STORAGE_ENV_KEYS
+    ]
+
+
 def _check_script_mount_is_free(spec: TrainJobSpec) -> None:
     for volume in spec.volumes:
         if volume.name == SCRIPT_VOLUME:

@@ -155,7 +155,11 @@ def _trainer(spec: TrainJobSpec) -> TrainerV1alpha1Trainer:
         image=spec.image,
         command=command,
         args=args or None,
-        env=[IoK8sApiCoreV1EnvVar.from_dict(e) for e in pod.env_list(spec.env)] or None,
+        env=[
+            IoK8sApiCoreV1EnvVar.from_dict(e)
+            for e in [*pod.env_list(spec.env), *pod.storage_secret_env(spec)]
+        ]
+        or None,
         num_nodes=spec.num_nodes,
         num_proc_per_node=spec.procs_per_node,
         resources_per_node=IoK8sApiCoreV1ResourceRequirements.from_dict(resources)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
@@ -53,7 +52,7 @@ def _checked(x: object, y: object, source: str, split: str) -> tuple[torch.Tenso
     return xt, yt
 
 
-def load_data(dataset: str, data_dir: Path | None) -> TrainData:
+def load_data(dataset: str, data_dir: str | None) -> TrainData:
     """Read the train and test splits, from a prepared folder or a user's callable."""
     if dataset == "prepared":
         assert data_dir is not None, "options validation requires --data for prepared"
@@ -69,9 +68,8 @@ def load_data(dataset: str, data_dir: Path | None) -> TrainData:
             )
     else:
         loader = import_callable(dataset, "--dataset", DATASET_FIX)
-        location = None if data_dir is None else str(data_dir)
-        train_x, train_y = _checked(*loader(location, "train"), dataset, "train")
-        test_x, test_y = _checked(*loader(location, "test"), dataset, "test")
+        train_x, train_y = _checked(*loader(data_dir, "train"), dataset, "train")
+        test_x, test_y = _checked(*loader(data_dir, "test"), dataset, "test")
         num_classes = int(max(train_y.max(), test_y.max())) + 1
     if list(train_x.shape[1:]) != list(test_x.shape[1:]):
         raise InvalidInput(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
+from kubetrain import storage
 from kubetrain.errors import InvalidInput
 from kubetrain.models import BUILTIN_MODELS, MODEL_FIX
 
@@ -18,7 +18,7 @@ PROG = "kubetrain.train"
 class TrainOptions:
     """Validated options; every rank derives the same ones from the same command line."""
 
-    data: Path | None
+    data: str | None
     dataset: str
     model: str
     strategy: str
@@ -28,7 +28,7 @@ class TrainOptions:
     optimizer: str
     grad_accum_steps: int
     clip_grad_norm: float
-    checkpoint_dir: Path
+    checkpoint_dir: str
     checkpoint_every: int
     resume: str
     seed: int
@@ -54,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--data",
-        type=Path,
         metavar="DIR",
-        help="prepared dataset folder (written by `kubetrain prep`)",
+        help="prepared dataset folder (written by `kubetrain prep`): a path or an fsspec URL "
+        "such as s3://bucket/prefix",
     )
     add(
         "--dataset",
@@ -101,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--checkpoint-dir",
-        type=Path,
         required=True,
         metavar="DIR",
-        help="folder for checkpoints; with several nodes, storage they all share",
+        help="folder for checkpoints: a path or an fsspec URL such as s3://bucket/prefix; "
+        "with several nodes, storage they all share",
     )
     add(
         "--checkpoint-every",
@@ -155,7 +155,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
     if args.dataset == "prepared":
         if args.data is None:
             raise InvalidInput("--data", "is required with --dataset prepared", "pass --data DIR")
-        if not args.data.is_dir():
+        if not storage.is_dir(args.data, "--data"):
             raise InvalidInput(
                 "--data",
                 f"{args.data} is not a folder",
@@ -169,7 +169,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         )
     if args.model not in BUILTIN_MODELS and ":" not in args.model:
         raise InvalidInput("--model", f"unknown model {args.model!r}", MODEL_FIX)
-    if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+    if storage.is_file(args.checkpoint_dir, "--checkpoint-dir"):
         raise InvalidInput(
             "--checkpoint-dir", f"{args.checkpoint_dir} is a file", "pass a folder path"
         )

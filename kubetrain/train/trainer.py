@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,16 +31,16 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
     return torch.optim.AdamW(params, lr=lr)
 
 
-def _agreed_checkpoint(checkpoint_dir: Path) -> Path | None:
+def _agreed_checkpoint(checkpoint_dir: str) -> str | None:
     """Rank 0's view of the newest checkpoint, so that all ranks resume from the same one."""
     found = latest_checkpoint(checkpoint_dir)
     choice: list[Any] = [None if found is None else str(found)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(choice, src=0)
-    return None if choice[0] is None else Path(choice[0])
+    return choice[0]
 
 
-def _check_compatible(ckpt: Path, model_info: dict[str, Any]) -> None:
+def _check_compatible(ckpt: str, model_info: dict[str, Any]) -> None:
     """Refuse to resume weights into a different model, which would fail or mislead."""
     stored = read_manifest(ckpt)["model"]
     if stored != model_info:
@@ -62,7 +61,7 @@ def epoch_line(record: dict[str, Any], epochs: int) -> str:
     )
 
 
-def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> Path | None:
+def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
     """Train to ``options.epochs``; return the last checkpoint written or resumed from."""
     data = load_data(options.dataset, options.data)
     model_info = {
@@ -124,15 +123,17 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> Path | N
         metrics.append(record)
         reporter.line(epoch_line(record, options.epochs))
         if epoch % options.checkpoint_every == 0 or epoch == options.epochs:
-            last = save_checkpoint(
-                options.checkpoint_dir,
-                model,
-                optimizer,
-                epoch=epoch,
-                step=step,
-                strategy=options.strategy,
-                model_info=model_info,
-                metrics=metrics,
+            last = str(
+                save_checkpoint(
+                    options.checkpoint_dir,
+                    model,
+                    optimizer,
+                    epoch=epoch,
+                    step=step,
+                    strategy=options.strategy,
+                    model_info=model_info,
+                    metrics=metrics,
+                )
             )
             reporter.line(f"checkpoint saved: {last}")
     final_epoch = max(options.epochs, first_epoch - 1)

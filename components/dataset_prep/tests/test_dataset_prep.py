@@ -300,7 +300,11 @@ BAD_INPUTS = {
         "output_dir",
         "not a kubetrain dataset",
     ),
-    "output is remote": (lambda t: {"output_dir": "s3://bucket/out"}, "output_dir", "remote"),
+    "output protocol unknown": (
+        lambda t: {"output_dir": "nosuch://bucket/out"},
+        "output_dir",
+        "unknown protocol",
+    ),
 }
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 
 import pytest
 
@@ -67,3 +69,44 @@ def test_evaluate_cli_exit_codes(model_dir, digits_dir, run_python):
     gate = evaluate_cli(run_python, model_dir, digits_dir, "--threshold", "1.0")
     assert gate.returncode == 3, gate.stderr
     assert "below threshold" in gate.stdout
+
+
+def embedded_png_count(page: str) -> int:
+    """How many embedded images decode to a PNG."""
+    payloads = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    return sum(base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n") for data in payloads)
+
+
+def test_evaluate_cli_publishes_the_report(model_dir, digits_dir, run_python, tmp_path):
+    out = tmp_path / "report"
+    result = evaluate_cli(run_python, model_dir, digits_dir, "--threshold", "0.5", "--report", out)
+    assert result.returncode == 0, result.stderr
+    assert f"report {out / 'report.html'}" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "confusion_matrix.png",
+        "report.html",
+        "training_curves.png",
+    ]
+    page = (out / "report.html").read_text()
+    assert embedded_png_count(page) == 2
+    card = json.loads((model_dir / "model.json").read_text())
+    assert card["sha256"] in page and "sklearn:digits" in page
+
+
+def test_kfp_component_writes_the_html_artifact(model_dir, digits_dir, tmp_path):
+    from kfp import dsl
+
+    from kubetrain.components.evaluate_model.component import evaluate_model as component
+
+    report = dsl.HTML(uri=str(tmp_path / "report"))
+    outputs = component.python_func(
+        model=dsl.Model(uri=str(model_dir)),
+        dataset=dsl.Dataset(uri=str(digits_dir)),
+        metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
+        classification_metrics=dsl.ClassificationMetrics(uri=str(tmp_path / "classification")),
+        report=report,
+        threshold=0.5,
+    )
+    assert outputs.passed
+    page = (tmp_path / "report").read_text()
+    assert page.startswith("<!DOCTYPE html>") and embedded_png_count(page) == 2

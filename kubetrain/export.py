@@ -1,0 +1,166 @@
+"""Export a collected model as a self-contained program for serving, next to its
+``model.safetensors``: ``model.pt2`` (``torch.export``, preferred) or ``model.torchscript.pt``
+(TorchScript, deprecated by PyTorch but still loadable from C++ and older servers). The model
+folder is anything :mod:`kubetrain.model_artifact` reads: local, a KFP pointer folder or an
+fsspec URL.
+
+A server then needs neither kubetrain nor the model's Python code. Every export is reloaded and
+checked against the eager model before it is published, and recorded with its sha256 in
+``export.json``, so :func:`verify_export` can refuse a file that changed since.
+
+Security: ``torch.export.load`` and ``torch.jit.load`` may unpickle parts of the file, and
+unpickling runs code. Load only programs you produced, after :func:`verify_export` checked
+them against ``export.json`` (itself written beside a sha256-checked model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+
+from kubetrain import storage
+from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.model_artifact import load_model_weights, read_model_card
+from kubetrain.models import build_model
+
+ExportKind = Literal["torch-export", "torchscript"]
+EXPORT_FILES: dict[str, str] = {"torch-export": "model.pt2", "torchscript": "model.torchscript.pt"}
+EXPORT_CARD = "export.json"
+EXPORT_FORMAT = "kubetrain.export/v1"
+#: Rows of the random batch the exports are checked on (≥ 2: the batch stays a dynamic dim).
+CHECK_BATCH = 8
+
+
+def load_eager_model(model_dir: storage.Location) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The collected model (in eval mode) and its card, the weights checked against its sha256."""
+    card = read_model_card(model_dir)
+    spec = card["model"]
+    model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
+    try:
+        model.load_state_dict(load_model_weights(model_dir), strict=True)
+    except RuntimeError as exc:
+        raise IntegrityError(
+            f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
+        ) from exc
+    return model.eval(), card
+
+
+def _random_batch(sample_shape: list[int]) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(CHECK_BATCH, *sample_shape, generator=generator)
+
+
+def _serialize(model: torch.nn.Module, kind: ExportKind, sample: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    with torch.no_grad():
+        if kind == "torch-export":
+            batch = {0: torch.export.Dim("batch")}
+            program = torch.export.export(model, (sample,), dynamic_shapes=(batch,))
+            torch.export.save(program, buffer)
+        else:
+            torch.jit.save(torch.jit.trace(model, sample), buffer)
+    return buffer.getvalue()
+
+
+def _load(kind: str, data: bytes) -> torch.nn.Module:
+    """The serialized program as a callable module. Unpickles: only for checked bytes."""
+    if kind == "torch-export":
+        return torch.export.load(io.BytesIO(data)).module()
+    return torch.jit.load(io.BytesIO(data))
+
+
+def _check_outputs(
+    eager: torch.nn.Module, kind: str, data: bytes, sample: torch.Tensor, what: str
+) -> None:
+    with torch.no_grad():
+        expected = eager(sample)
+        actual = _load(kind, data)(sample)
+    try:
+        torch.testing.assert_close(actual, expected)
+    except AssertionError as exc:
+        raise IntegrityError(f"{what} does not compute what the model does: {exc}") from exc
+
+
+def _read_export_card(folder: storage.Location) -> dict[str, Any]:
+    path = storage.join(folder, EXPORT_CARD)
+    if not storage.is_file(path):
+        return {"format": EXPORT_FORMAT, "exports": {}}
+    card = json.loads(storage.read_text(path))
+    if card.get("format") != EXPORT_FORMAT:
+        raise IntegrityError(f"{path}: format {card.get('format')!r} is not {EXPORT_FORMAT}")
+    return card
+
+
+def export_model(
+    model_dir: storage.Location,
+    kind: ExportKind = "torch-export",
+    sample: torch.Tensor | None = None,
+) -> Path | str:
+    """Write the model in ``model_dir`` as a ``kind`` program beside it and return its path.
+
+    ``sample`` is a batch (≥ 2 rows) to trace and check with; default: random inputs of the
+    model's sample shape. The batch dimension stays dynamic. The file is published atomically
+    only after its reloaded program matched the eager model, then recorded in ``export.json``.
+    """
+    if kind not in EXPORT_FILES:
+        raise InvalidInput("kind", f"{kind!r} is not one of {get_args(ExportKind)}", "pick one")
+    folder = storage.dereference(model_dir)
+    model, card = load_eager_model(folder)
+    shape = list(card["model"]["sample_shape"])
+    if sample is None:
+        sample = _random_batch(shape)
+    if list(sample.shape[1:]) != shape or sample.shape[0] < 2:
+        raise InvalidInput(
+            "sample",
+            f"is shaped {list(sample.shape)}",
+            f"give a batch of at least 2 samples shaped {shape}",
+        )
+    data = _serialize(model, kind, sample)
+    _check_outputs(model, kind, data, sample, f"the {kind} export of {folder}")
+    target = storage.join(folder, EXPORT_FILES[kind])
+    storage.write_bytes(target, data)
+    record = _read_export_card(folder)
+    record["exports"][kind] = {
+        "file": EXPORT_FILES[kind],
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "model_sha256": card["sha256"],
+        "sample_shape": shape,
+        "torch_version": torch.__version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    storage.write_text(
+        storage.join(folder, EXPORT_CARD), json.dumps(record, indent=2, sort_keys=True) + "\n"
+    )
+    return target
+
+
+def verify_export(model_dir: storage.Location, kind: ExportKind | None = None) -> Path | str:
+    """Check an export against ``export.json`` (sha256 first, before anything is unpickled;
+    then that it was made from this very model and still computes what it does) and return
+    its path. ``kind`` defaults to the preferred kind that was exported."""
+    folder = storage.dereference(model_dir)
+    exports = _read_export_card(folder)["exports"]
+    if kind is None:
+        kind = next((k for k in EXPORT_FILES if k in exports), None)
+    if kind not in exports:
+        raise IntegrityError(
+            f"model {folder}: no {kind or 'export'} recorded in {EXPORT_CARD}; export it first"
+        )
+    entry = exports[kind]
+    path = storage.join(folder, entry["file"])
+    if not storage.is_file(path):
+        raise IntegrityError(f"model {folder}: {entry['file']} listed in {EXPORT_CARD} is missing")
+    data = storage.read_bytes(path)  # checked and loaded from the same bytes: no swap between
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise IntegrityError(f"{path} does not match its sha256 in {EXPORT_CARD}; re-export it")
+    model, card = load_eager_model(folder)
+    if card["sha256"] != entry["model_sha256"]:
+        raise IntegrityError(f"{path} was exported from another model; re-export it")
+    _check_outputs(model, kind, data, _random_batch(entry["sample_shape"]), str(path))
+    return path

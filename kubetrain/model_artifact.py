@@ -7,12 +7,13 @@ holding only a ``LOCATION`` pointer to one (see :func:`kubetrain.storage.derefer
 from __future__ import annotations
 
 import json
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError
+
+if TYPE_CHECKING:  # torch only for loading; reading a card or copying a model needs none
+    import torch
 
 MODEL_FORMAT = "kubetrain.model/v1"
 MODEL_FILE = "model.safetensors"

@@ -18,6 +18,7 @@ import pytest
 
 from kubetrain.errors import IntegrityError
 from kubetrain.streaming_copy import copy_verified
+from kubetrain.testing.peak_memory import run_measuring_peak_memory
 from kubetrain.testing.s3_server import S3Server
 
 CHUNK = 64 * 1024
@@ -405,24 +406,14 @@ def test_one_gib_copy_has_bounded_peak_memory(tmp_path: Path) -> None:
         f"r = copy_verified({str(src)!r}, {str(dst)!r}, expected_sha256={sha!r}, "
         f"expected_size={GIB}); print(json.dumps([r.bytes_copied, r.sha256, r.seconds]))"
     )
-    launcher = (
-        "import resource, subprocess, sys; "
-        "out = subprocess.run([sys.executable, '-c', sys.argv[1]], check=True, "
-        "capture_output=True, text=True).stdout; "
-        "print(out.strip()); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    )
     try:
-        run = subprocess.run(
-            [sys.executable, "-c", launcher, copy], capture_output=True, text=True, env=child_env()
-        )
+        run = run_measuring_peak_memory([sys.executable, "-c", copy], env=child_env())
         assert run.returncode == 0, run.stderr
-        result, maxrss_kib = run.stdout.splitlines()
-        copied, got_sha, seconds = json.loads(result)
-        peak_mib = int(maxrss_kib) / 1024  # ru_maxrss is in KiB on Linux
-        print(f"\n1 GiB copy: peak RSS {peak_mib:.0f} MiB, {GIB / 2**20 / seconds:.0f} MiB/s")
+        copied, got_sha, seconds = json.loads(run.stdout)
+        print(f"\n1 GiB copy: peak RSS {run.peak_mib:.0f} MiB, {GIB / 2**20 / seconds:.0f} MiB/s")
         assert (copied, got_sha) == (GIB, sha)
         assert dst.stat().st_size == GIB
-        assert peak_mib < 256, f"peak RSS {peak_mib:.0f} MiB"
+        assert run.peak_mib < 256, f"peak RSS {run.peak_mib:.0f} MiB"
     finally:
         src.unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Collect step: take the newest complete checkpoint rank 0 published, verify it, and publish
 the model as one ``model.safetensors`` (plus a ``model.json`` card) in an output folder.
 
-FSDP's sharded DCP checkpoints are gathered into one full state dict first, so what is
-published has the same keys and shapes whatever the strategy. Checkpoint and output may be
+DDP's ``model.safetensors`` (rank 0's full model) is streamed with bounded memory and its sha256
+checked while copying; FSDP's sharded DCP checkpoints are gathered into one full state dict, so
+what is published has the same keys and shapes whatever the strategy. Checkpoint and output may be
 local folders or fsspec URLs (``s3://bucket/prefix``). The output appears only when complete:
 locally a staging folder renamed into place; on object storage the model file first and the
 card (``model.json``, which readers require) last.
@@ -19,6 +20,7 @@ from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
+from kubetrain.streaming_copy import copy_verified
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,7 @@ class CollectedModel:
 
 
 def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
-    import torch
-    from safetensors.torch import save_file
-
-    from kubetrain.checkpoint import latest_checkpoint, load_full_state_dict, verify_checkpoint
+    from kubetrain.checkpoint_manifest import latest_checkpoint, read_manifest, verify_checkpoint
 
     if not checkpoint_dir:
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
@@ -48,15 +47,73 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
             f"checkpoint_dir {checkpoint_dir} holds no complete checkpoint (no LATEST pointer and "
             "no epoch-* folder with a manifest); check the training job's logs"
         )
-    manifest = verify_checkpoint(checkpoint)
+    # DDP's model file is verified while it is copied; FSDP's shards before they are gathered.
+    manifest = read_manifest(checkpoint)
+    if manifest["strategy"] == "fsdp":
+        verify_checkpoint(checkpoint)
+    elif MODEL_FILE not in manifest["files"]:
+        raise IntegrityError(f"checkpoint {checkpoint}: its manifest lists no {MODEL_FILE}")
+    staged = storage.staging_dir(output_dir)
+    try:
+        if manifest["strategy"] == "ddp":
+            _copy_rank0_model(checkpoint, manifest, staged / MODEL_FILE)
+        else:
+            _gather_shards(checkpoint, staged / MODEL_FILE)
+        card = _model_card(checkpoint, manifest, sha256_file(staged / MODEL_FILE))
+        card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
+        if storage.is_local(output_dir):
+            (staged / MODEL_CARD).write_text(card_text)
+            storage.publish_dir(staged, output_dir, MODEL_CARD)
+        else:
+            storage.retract(output_dir, MODEL_CARD)
+            copy_verified(
+                str(staged / MODEL_FILE),
+                str(storage.join(output_dir, MODEL_FILE)),
+                expected_sha256=card["sha256"],
+            )
+            storage.write_text(storage.join(output_dir, MODEL_CARD), card_text)
+    finally:
+        storage.discard_staging(staged)
+    return CollectedModel(
+        path=str(storage.join(output_dir, MODEL_FILE)), sha256=card["sha256"], card=card
+    )
+
+
+def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], target: Path) -> None:
+    """DDP: rank 0's ``model.safetensors`` already is the full model; stream it (bounded memory,
+    sha256 checked against the manifest while copying) and check it holds tensors."""
+    from safetensors import safe_open
+
+    copy_verified(
+        str(storage.join(checkpoint, MODEL_FILE)),
+        str(target),
+        expected_sha256=manifest["files"][MODEL_FILE],
+    )
+    with safe_open(str(target), framework="numpy") as model_file:  # reads the header only
+        if not list(model_file.keys()):
+            raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+
+
+def _gather_shards(checkpoint: storage.Location, target: Path) -> None:
+    """FSDP: gather the DCP shards into one full state dict (this holds the model in memory)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kubetrain.checkpoint import load_full_state_dict
+
     state = {
         key: tensor.detach().to("cpu").contiguous()
-        for key, tensor in load_full_state_dict(checkpoint).items()
+        for key, tensor in load_full_state_dict(checkpoint, verify=False).items()
     }
     if not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+    save_file(state, str(target))
 
-    card = {
+
+def _model_card(
+    checkpoint: storage.Location, manifest: dict[str, Any], sha256: str
+) -> dict[str, Any]:
+    return {
         "format": MODEL_FORMAT,
         "source_checkpoint": str(checkpoint),
         "epoch": manifest["epoch"],
@@ -66,33 +123,5 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
         "model": manifest["model"],
         "metrics": manifest.get("metrics", []),
         "checkpoint_files": manifest["files"],
+        "sha256": sha256,
     }
-    header = {key: json.dumps(value) for key, value in card.items()}
-    staged = storage.staging_dir(output_dir)
-    try:
-        save_file(state, str(staged / MODEL_FILE), metadata=header)
-        card["sha256"] = sha256_file(staged / MODEL_FILE)
-        card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
-        if storage.is_local(output_dir):
-            (staged / MODEL_CARD).write_text(card_text)
-            storage.publish_dir(staged, output_dir, MODEL_CARD)
-        else:
-            storage.retract(output_dir, MODEL_CARD)
-            _copy_model_file(staged / MODEL_FILE, str(storage.join(output_dir, MODEL_FILE)))
-            storage.write_text(storage.join(output_dir, MODEL_CARD), card_text)
-    finally:
-        storage.discard_staging(staged)
-    return CollectedModel(
-        path=str(storage.join(output_dir, MODEL_FILE)), sha256=card["sha256"], card=card
-    )
-
-
-def _copy_model_file(source: Path, target: str) -> None:
-    """Upload the model file in bounded chunks and check what landed against its sha256."""
-    from kubetrain.integrity import CHUNK_BYTES
-
-    with open(source, "rb") as reader, storage.open_file(target, "wb") as writer:
-        while chunk := reader.read(CHUNK_BYTES):
-            writer.write(chunk)
-    if storage.sha256(target) != sha256_file(source):
-        raise IntegrityError(f"model {target}: the uploaded copy differs from {source}; retry")

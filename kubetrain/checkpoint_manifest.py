@@ -1,0 +1,114 @@
+"""Where checkpoints are and whether they are complete: the layout, manifest and ``LATEST``
+pointer of ``kubetrain.checkpoint``, readable without torch (collect streams a DDP model file
+without importing it: torch alone is ~220 MiB of a process's memory)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from kubetrain import storage
+from kubetrain.errors import IntegrityError
+
+FORMAT = "kubetrain.checkpoint/v1"
+LATEST = "LATEST"
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+DCP_DIR = "dcp"
+STRATEGIES = ("ddp", "fsdp")
+_NAME = re.compile(r"epoch-(\d{6,})")
+_REQUIRED_KEYS = ("epoch", "step", "world_size", "strategy", "model", "metrics", "files")
+_PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
+
+PathLike = storage.Location
+
+
+def checkpoint_name(epoch: int) -> str:
+    """Folder name of the checkpoint taken after ``epoch``; zero-padded so names sort by epoch."""
+    return f"epoch-{epoch:06d}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
+    """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed."""
+    try:
+        text = storage.read_text(storage.join(ckpt_path, MANIFEST))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: no {MANIFEST}, so it is not a complete checkpoint; "
+            "use the folder that CKPT_DIR/LATEST names"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: format {found!r} is not {FORMAT!r}; "
+            "it was not written by kubetrain.train"
+        )
+    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} lacks {', '.join(missing)}")
+    for key, kind in (("epoch", int), ("step", int), ("model", dict), ("files", dict)):
+        if not isinstance(manifest[key], kind):
+            raise IntegrityError(
+                f"checkpoint {ckpt_path}: {MANIFEST} field {key!r} is not a {kind.__name__}"
+            )
+    if manifest["strategy"] not in STRATEGIES:
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: unknown strategy {manifest['strategy']!r} in {MANIFEST}"
+        )
+    return manifest
+
+
+def _is_complete(folder: PathLike) -> bool:
+    try:
+        read_manifest(folder)
+    except IntegrityError:
+        return False
+    return True
+
+
+def _epoch_of(name: str) -> int:
+    match = _NAME.fullmatch(name)
+    return int(match.group(1)) if match else -1
+
+
+def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
+    """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None
+    (a Path for a local CKPT_DIR, a URL for object storage)."""
+    if not storage.is_dir(checkpoint_dir):
+        return None
+    try:
+        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
+    except (OSError, UnicodeDecodeError):
+        named = ""
+    if _NAME.fullmatch(named) and _is_complete(storage.join(checkpoint_dir, named)):
+        return storage.join(checkpoint_dir, named)
+    names = [name for name in storage.list_dirs(checkpoint_dir) if _NAME.fullmatch(name)]
+    for name in sorted(names, key=_epoch_of, reverse=True):
+        if _is_complete(storage.join(checkpoint_dir, name)):
+            return storage.join(checkpoint_dir, name)
+    return None
+
+
+def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
+    """Check every file against its manifest sha256 (naming the bad one); return the manifest."""
+    manifest = read_manifest(ckpt_path)
+    for required in _PAYLOAD[manifest["strategy"]]:
+        if required not in manifest["files"]:
+            raise IntegrityError(
+                f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
+                "it is incomplete, use an earlier checkpoint"
+            )
+    storage.verify_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
+    return manifest

@@ -62,6 +62,7 @@ def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float]
 def training_curves_png(metrics: Sequence[Mapping[str, Any]]) -> bytes:
     """Loss and accuracy per epoch, train against test, side by side."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(10, 4), layout="constrained")
     for axes, (title, train_key, test_key) in zip(figure.subplots(1, 2), CURVES, strict=True):
@@ -70,6 +71,7 @@ def training_curves_png(metrics: Sequence[Mapping[str, Any]]) -> bytes:
             if epochs:
                 axes.plot(epochs, values, marker="o", markersize=3, label=label)
         axes.set(title=title, xlabel="epoch")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
         if axes.has_data():
             axes.legend()

@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+from kubetrain import atomic
 from kubetrain.errors import KubetrainError
 
 
@@ -124,4 +125,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"time     {elapsed:.1f}s")
     print(f"model    {storage.dereference(outputs['model'].path)}")
     print(f"metrics  {outputs['metrics'].path}")
+    print(f"report   {publish_report(outputs['report'].path)}")
     return 0 if passed else 3
+
+
+def publish_report(artifact_path: str) -> Path:
+    """The evaluate step's HTML report as ``report.html`` in the run's folder: KFP's local
+    runner names the artifact file after the output, without an extension browsers need."""
+    source = Path(artifact_path)
+    target = source.parent.parent / "report.html"
+    atomic.write_bytes(target, source.read_bytes())
+    return target

@@ -46,7 +46,13 @@ def training_pipeline(
     storage_secret: str = "",
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
-    [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
+    [
+        ("accuracy", float),
+        ("passed", bool),
+        ("model", dsl.Model),
+        ("metrics", dsl.Metrics),
+        ("report", dsl.HTML),
+    ],
 ):
     # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
     # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
@@ -102,11 +108,18 @@ def training_pipeline(
     )
     outputs = NamedTuple(  # noqa: UP014
         "PipelineOutputs",
-        [("accuracy", float), ("passed", bool), ("model", dsl.Model), ("metrics", dsl.Metrics)],
+        [
+            ("accuracy", float),
+            ("passed", bool),
+            ("model", dsl.Model),
+            ("metrics", dsl.Metrics),
+            ("report", dsl.HTML),
+        ],
     )
     return outputs(
         accuracy=evaluate.outputs["accuracy"],
         passed=evaluate.outputs["passed"],
         model=collect.outputs["model"],
         metrics=evaluate.outputs["metrics"],
+        report=evaluate.outputs["report"],
     )

@@ -19,6 +19,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--checkpoint-dir", required=True, help="folder the training job wrote")
     parser.add_argument("--output", required=True, help="folder to publish the model in")
+    parser.add_argument(
+        "--export",
+        choices=("none", "torch-export", "torchscript"),
+        default="none",
+        help=(
+            "also publish a program for serving, checked against the model: torch-export "
+            "(model.pt2) or torchscript (model.torchscript.pt); default none"
+        ),
+    )
     add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -26,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 
-    model = collect_checkpoint(args.checkpoint_dir, args.output)
+    model = collect_checkpoint(args.checkpoint_dir, args.output, args.export)
     card = model.card
     print(
         f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "

@@ -30,11 +30,19 @@ class CollectedModel:
     card: dict[str, Any]
 
 
-def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
+#: ``export`` values: none, or a program for serving (see kubetrain.export).
+EXPORT_KINDS = ("none", "torch-export", "torchscript")
+
+
+def collect_checkpoint(
+    checkpoint_dir: str, output_dir: str, export: str = "none"
+) -> CollectedModel:
     from kubetrain.checkpoint_manifest import latest_checkpoint, read_manifest, verify_checkpoint
 
     if not checkpoint_dir:
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
+    if export not in EXPORT_KINDS:
+        raise InvalidInput("export", f"{export!r} is not one of {EXPORT_KINDS}", "pick one")
     if not storage.is_dir(checkpoint_dir, "checkpoint_dir"):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} does not exist; did the training job run and "
@@ -61,16 +69,22 @@ def collect_checkpoint(checkpoint_dir: str, output_dir: str) -> CollectedModel:
             _gather_shards(checkpoint, staged / MODEL_FILE)
         card = _model_card(checkpoint, manifest, sha256_file(staged / MODEL_FILE))
         card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
+        (staged / MODEL_CARD).write_text(card_text)
+        if export != "none":
+            from kubetrain.export import export_model
+
+            export_model(staged, export)  # checked against the model before it is kept
         if storage.is_local(output_dir):
-            (staged / MODEL_CARD).write_text(card_text)
             storage.publish_dir(staged, output_dir, MODEL_CARD)
         else:
             storage.retract(output_dir, MODEL_CARD)
-            copy_verified(
-                str(staged / MODEL_FILE),
-                str(storage.join(output_dir, MODEL_FILE)),
-                expected_sha256=card["sha256"],
-            )
+            for path in sorted(staged.iterdir()):
+                if path.name != MODEL_CARD:
+                    copy_verified(
+                        str(path),
+                        str(storage.join(output_dir, path.name)),
+                        expected_sha256=sha256_file(path),
+                    )
             storage.write_text(storage.join(output_dir, MODEL_CARD), card_text)
     finally:
         storage.discard_staging(staged)

@@ -7,18 +7,23 @@ from kubetrain.images import COMPONENT_IMAGE
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def collect_checkpoint(
-    checkpoint_dir: str, model: dsl.Output[dsl.Model], storage: str = "", run_name: str = ""
+    checkpoint_dir: str,
+    model: dsl.Output[dsl.Model],
+    storage: str = "",
+    run_name: str = "",
+    export: str = "none",
 ):
     """Verify the newest complete rank-0 checkpoint and publish it as model.safetensors.
 
     With ``storage`` (an object-storage URL), the model goes to storage/models/<run_name> and
     ``model`` holds only a LOCATION pointer to it (its metadata ``uri`` names it too).
+    ``export``: none, torch-export (model.pt2) or torchscript, published beside the model.
     """
     from kubetrain import storage as object_storage
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint as collect
 
     output = object_storage.run_folder(storage, "models", run_name) if storage else model.path
-    collected = collect(checkpoint_dir, str(output))
+    collected = collect(checkpoint_dir, str(output), export)
     if storage:
         object_storage.write_pointer(model.path, output)
         model.metadata["uri"] = str(output)

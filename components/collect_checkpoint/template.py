@@ -25,10 +25,18 @@ def collect_checkpoint_template(
     return step_template(
         name,
         ["collect"],
-        ["--checkpoint-dir", inputs("checkpoint_dir"), "--output", inputs("output")],
+        [
+            "--checkpoint-dir",
+            inputs("checkpoint_dir"),
+            "--output",
+            inputs("output"),
+            "--export",
+            inputs("export"),
+        ],  # fmt: skip
         [
             input_parameter("checkpoint_dir", "folder the training job wrote"),
             input_parameter("output", "folder to publish the model in"),
+            input_parameter("export", "none, torch-export or torchscript", "none"),
         ],
         [
             output_parameter("model_dir", "the published model folder"),

@@ -82,3 +82,16 @@ def test_collect_cli(trained_checkpoints, tmp_path, run_python):
     assert result.returncode == 0, result.stderr
     assert "collected epoch 2 step" in result.stdout
     assert (tmp_path / "m" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_export_is_published_with_the_model_and_verifies(trained_checkpoints, tmp_path, strategy):
+    from kubetrain.export import verify_export
+
+    collect_checkpoint(str(trained_checkpoints[strategy]), str(tmp_path / "model"), "torch-export")
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "export.json", "model.json", "model.pt2", "model.safetensors"
+    ]  # fmt: skip
+    assert verify_export(str(tmp_path / "model")) == tmp_path / "model" / "model.pt2"
+    with pytest.raises(InvalidInput, match="export"):
+        collect_checkpoint(str(trained_checkpoints[strategy]), str(tmp_path / "m2"), "onnx")

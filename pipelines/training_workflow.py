@@ -86,6 +86,8 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "wait_timeout_seconds": ("0", "fail the wait step after this many seconds; 0 = never"),
     "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
     "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
+    "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
+    "storage_secret": ("", "Secret with AWS_* keys for s3:// data, given to the TrainJob's nodes"),
     "service_account": ("kubetrain", "ServiceAccount the steps run as (runtimes/rbac.yaml)"),
 }
 
@@ -199,6 +201,7 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
                         "cpu",
                         "memory",
                         "gpu",
+                        "storage_secret",
                     )
                 },  # fmt: skip
             },
@@ -218,6 +221,7 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
             arguments={
                 "checkpoint_dir": launch.get_parameter("checkpoint_dir").value,
                 "output": f"{shared}/models/{run}",
+                "export": p("export"),
             },
         )
         evaluate = evaluate_model_template(volume=volume, image=image)(

@@ -375,7 +375,7 @@ def run_training_workflow(root: Path, **arguments: str) -> WorkflowRun:
 
 #: The runs the end-to-end tests check, started together so they overlap.
 E2E_RUNS: dict[str, dict[str, str]] = {
-    "default": {},
+    "default": {"export": "torch-export"},
     "below-threshold": {"epochs": "1", "accuracy_threshold": "0.999"},
     "prep-fails": {"dataset_source": "sklearn:nope"},
     "wait-times-out": {"wait_timeout_seconds": "1"},
@@ -413,6 +413,7 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     evaluate = run.nodes["evaluate"]
     assert float(evaluate.outputs["accuracy"]) >= 0.95 and evaluate.outputs["passed"] == "true"
     assert run.nodes["collect"].outputs["epoch"] == "10"
+    assert (run.nodes["collect"].artifacts["model"] / "model.pt2").is_file()
     promote = run.nodes["promote"]
     version = registry(run) / run.name
     assert promote.outputs["promoted_to"] == str(version)
@@ -421,6 +422,10 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     assert pointer["version"] == run.name
     assert pointer["sha256"] == promote.outputs["sha256"] == run.nodes["collect"].outputs["sha256"]
     assert json.loads(evaluate.artifacts["metrics"].read_text())
+    report = evaluate.artifacts["report"]
+    assert {"report.html", "training_curves.png", "confusion_matrix.png"} <= {
+        p.name for p in report.iterdir()
+    }
     assert run.exit_nodes["delete-trainjob"].phase == "Skipped"
 
 

@@ -26,8 +26,7 @@ import torch
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.model_artifact import load_model_weights, read_model_card
-from kubetrain.models import build_model
+from kubetrain.model_artifact import load_model
 
 ExportKind = Literal["torch-export", "torchscript"]
 EXPORT_FILES: dict[str, str] = {"torch-export": "model.pt2", "torchscript": "model.torchscript.pt"}
@@ -35,20 +34,6 @@ EXPORT_CARD = "export.json"
 EXPORT_FORMAT = "kubetrain.export/v1"
 #: Rows of the random batch the exports are checked on (≥ 2: the batch stays a dynamic dim).
 CHECK_BATCH = 8
-
-
-def load_eager_model(model_dir: storage.Location) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The collected model (in eval mode) and its card, the weights checked against its sha256."""
-    card = read_model_card(model_dir)
-    spec = card["model"]
-    model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
-    try:
-        model.load_state_dict(load_model_weights(model_dir), strict=True)
-    except RuntimeError as exc:
-        raise IntegrityError(
-            f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
-        ) from exc
-    return model.eval(), card
 
 
 def _random_batch(sample_shape: list[int]) -> torch.Tensor:
@@ -111,7 +96,7 @@ def export_model(
     if kind not in EXPORT_FILES:
         raise InvalidInput("kind", f"{kind!r} is not one of {get_args(ExportKind)}", "pick one")
     folder = storage.dereference(model_dir)
-    model, card = load_eager_model(folder)
+    model, card = load_model(folder)
     shape = list(card["model"]["sample_shape"])
     if sample is None:
         sample = _random_batch(shape)
@@ -159,7 +144,7 @@ def verify_export(model_dir: storage.Location, kind: ExportKind | None = None) -
     data = storage.read_bytes(path)  # checked and loaded from the same bytes: no swap between
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise IntegrityError(f"{path} does not match its sha256 in {EXPORT_CARD}; re-export it")
-    model, card = load_eager_model(folder)
+    model, card = load_model(folder)
     if card["sha256"] != entry["model_sha256"]:
         raise IntegrityError(f"{path} was exported from another model; re-export it")
     _check_outputs(model, kind, data, _random_batch(entry["sample_shape"]), str(path))

@@ -49,3 +49,21 @@ def load_model_weights(model_dir: storage.Location) -> dict[str, torch.Tensor]:
     if storage.is_local(model_file):
         return load_file(str(model_file))
     return dict(sorted(load(storage.read_bytes(model_file)).items()))
+
+
+def load_model(
+    model_dir: storage.Location, card: dict[str, Any] | None = None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The collected model rebuilt from its card's spec, weights loaded, in eval mode; and the
+    card (read, sha256 checked, unless the caller already has it)."""
+    from kubetrain.models import build_model
+
+    card = card if card is not None else read_model_card(model_dir)
+    spec = card["model"]
+    model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
+    try:
+        model.load_state_dict(load_model_weights(model_dir), strict=True)
+    except RuntimeError as exc:
+        message = f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
+        raise IntegrityError(message) from exc
+    return model.eval(), card

@@ -14,8 +14,9 @@ import torch
 from kubetrain.checkpoint import save_checkpoint
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.export import EXPORT_CARD, export_model, load_eager_model, verify_export
+from kubetrain.export import EXPORT_CARD, export_model, verify_export
 from kubetrain.integrity import sha256_file
+from kubetrain.model_artifact import load_model
 from kubetrain.models import build_model
 
 SHAPE = [1, 8, 8]
@@ -63,7 +64,7 @@ def test_export_reloads_and_matches_the_eager_model(model_dir, kind):
     record = json.loads((model_dir / EXPORT_CARD).read_text())["exports"][kind]
     assert record["sha256"] == sha256_file(path) and record["file"] == path.name
     assert record["model_sha256"] == json.loads((model_dir / "model.json").read_text())["sha256"]
-    eager, _card = load_eager_model(model_dir)
+    eager, _card = load_model(model_dir)
     batch = torch.randn(5, *SHAPE)  # another batch size than the one traced: batch is dynamic
     with torch.no_grad():
         torch.testing.assert_close(load(path)(batch), eager(batch))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.errors import InvalidInput
 
 if TYPE_CHECKING:
     from kubetrain.report import Report
@@ -46,8 +46,7 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
     from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     from kubetrain.datasets import load_split, read_manifest
-    from kubetrain.model_artifact import load_model_weights, read_model_card
-    from kubetrain.models import build_model
+    from kubetrain.model_artifact import load_model, read_model_card
 
     validate_threshold(threshold)
     card = read_model_card(model_dir)
@@ -66,14 +65,7 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
             f"has {dataset['num_classes']} classes, the model predicts {spec['num_classes']}",
             "evaluate on the dataset the model was trained with",
         )
-    model = build_model(spec["spec"], spec["sample_shape"], spec["num_classes"])
-    try:
-        model.load_state_dict(load_model_weights(model_dir), strict=True)
-    except RuntimeError as exc:
-        raise IntegrityError(
-            f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
-        ) from exc
-    model.eval()
+    model, _ = load_model(model_dir, card)
 
     x, y = load_split(data_dir, "test")
     total_loss, predictions = 0.0, []

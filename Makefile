@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.kubetrain-installed
 
-.PHONY: setup run test lint format compile clean e2e-cluster
+.PHONY: setup run test lint format compile clean e2e-cluster bench
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ format: setup
 
 compile: setup
 	$(BIN)/kubetrain compile
+
+# Benchmarks against real baselines (issue 6); writes bench/results.md and bench/results.json.
+# `$(BIN)/python -m bench --quick` runs each figure once with tiny sizes.
+bench: setup
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info

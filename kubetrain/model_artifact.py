@@ -1,4 +1,4 @@
-"""The collected-model folder: ``model.safetensors`` (full state dict, card in its header) and
+"""The collected-model folder: ``model.safetensors`` (the full state dict) and
 ``model.json`` (the model card: provenance, training metrics, sha256 of the model file).
 
 The folder may be local, an fsspec URL (``s3://bucket/models/run``) or a KFP artifact folder

@@ -1,0 +1,1 @@
+"""One module per figure of issue 6; each ``measure(settings)`` returns its table rows."""

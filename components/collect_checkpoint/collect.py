@@ -64,10 +64,10 @@ def collect_checkpoint(
     staged = storage.staging_dir(output_dir)
     try:
         if manifest["strategy"] == "ddp":
-            _copy_rank0_model(checkpoint, manifest, staged / MODEL_FILE)
+            model_sha256 = _copy_rank0_model(checkpoint, manifest, staged / MODEL_FILE)
         else:
-            _gather_shards(checkpoint, staged / MODEL_FILE)
-        card = _model_card(checkpoint, manifest, sha256_file(staged / MODEL_FILE))
+            model_sha256 = _gather_shards(checkpoint, staged / MODEL_FILE)
+        card = _model_card(checkpoint, manifest, model_sha256)
         card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
         (staged / MODEL_CARD).write_text(card_text)
         if export != "none":
@@ -93,12 +93,13 @@ def collect_checkpoint(
     )
 
 
-def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], target: Path) -> None:
+def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], target: Path) -> str:
     """DDP: rank 0's ``model.safetensors`` already is the full model; stream it (bounded memory,
-    sha256 checked against the manifest while copying) and check it holds tensors."""
+    sha256 checked against the manifest while copying, so not hashed again) and check it holds
+    tensors. Returns its sha256."""
     from safetensors import safe_open
 
-    copy_verified(
+    copied = copy_verified(
         str(storage.join(checkpoint, MODEL_FILE)),
         str(target),
         expected_sha256=manifest["files"][MODEL_FILE],
@@ -106,10 +107,12 @@ def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], ta
     with safe_open(str(target), framework="numpy") as model_file:  # reads the header only
         if not list(model_file.keys()):
             raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+    return copied.sha256
 
 
-def _gather_shards(checkpoint: storage.Location, target: Path) -> None:
-    """FSDP: gather the DCP shards into one full state dict (this holds the model in memory)."""
+def _gather_shards(checkpoint: storage.Location, target: Path) -> str:
+    """FSDP: gather the DCP shards into one full state dict (this holds the model in memory);
+    returns the written file's sha256."""
     import torch
     from safetensors.torch import save_file
 
@@ -122,6 +125,7 @@ def _gather_shards(checkpoint: storage.Location, target: Path) -> None:
     if not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
     save_file(state, str(target))
+    return sha256_file(target)
 
 
 def _model_card(

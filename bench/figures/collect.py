@@ -3,53 +3,19 @@ streams, fsynced) against ``cp`` of the same file followed by ``sync`` of the co
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from bench.core import PYTHON, Row, Settings, Stats, log
-from kubetrain.checkpoint_manifest import FORMAT, LATEST, MANIFEST, checkpoint_name
-from kubetrain.integrity import sha256_file
+from kubetrain.testing.large_checkpoint import MIB, write_ddp_checkpoint
 from kubetrain.testing.peak_memory import MeasuredRun, run_measuring_peak_memory
 
-MIB = 1024**2
 TARGET_RATIO = 0.8
 PEAK_TARGET_MIB = 256.0
-
-
-def write_dense_safetensors(path: Path, tensor_bytes: int) -> None:
-    """One float32 tensor of ``tensor_bytes``, written in full (no holes, so that ``cp`` cannot
-    skip them): a random 16 MiB block repeated."""
-    entry = {"dtype": "F32", "shape": [tensor_bytes // 4], "data_offsets": [0, tensor_bytes]}
-    header = json.dumps({"weight": entry}).encode()
-    header += b" " * (-len(header) % 8)
-    block = os.urandom(16 * MIB)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(header)) + header)
-        for offset in range(0, tensor_bytes, len(block)):
-            out.write(block[: tensor_bytes - offset])
-
-
-def write_ddp_checkpoint(checkpoint_dir: Path, tensor_bytes: int) -> Path:
-    """A complete one-epoch DDP checkpoint (model, optimizer stub, manifest, LATEST)."""
-    folder = checkpoint_dir / checkpoint_name(1)
-    folder.mkdir(parents=True)
-    write_dense_safetensors(folder / "model.safetensors", tensor_bytes)
-    (folder / "optimizer.pt").write_bytes(b"not read by collect")
-    manifest = {
-        "format": FORMAT, "epoch": 1, "step": 1, "world_size": 1, "strategy": "ddp",
-        "model": {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}, "metrics": [],
-        "files": {name: sha256_file(folder / name)
-                  for name in ("model.safetensors", "optimizer.pt")},
-    }  # fmt: skip
-    (folder / MANIFEST).write_text(json.dumps(manifest))
-    (checkpoint_dir / LATEST).write_text(folder.name + "\n")
-    return folder / "model.safetensors"
 
 
 def _timed_measuring(argv: list[str]) -> tuple[float, MeasuredRun]:
@@ -74,7 +40,7 @@ def measure(settings: Settings) -> list[Row]:
         if shutil.disk_usage(tmp).free < 3 * size + 512 * MIB:
             raise RuntimeError(f"B4 needs {3 * size // MIB + 512} MiB free in {tmp}")
         log(f"B4: writing a {size // MIB} MiB checkpoint")
-        source = write_ddp_checkpoint(tmp / "ckpt", size)
+        source = write_ddp_checkpoint(tmp / "ckpt", size, sparse=False) / "model.safetensors"
         file_bytes = source.stat().st_size
         ours_s: list[float] = []
         base_s: list[float] = []

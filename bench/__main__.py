@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.core import Row, Settings, log
-from bench.figures import collect, launch, pipeline, startup, throughput, wait
+from bench.figures import collect, launch, pipeline, scale, startup, throughput, wait
 from bench.machine import machine_info
 from bench.report import write
 
@@ -23,6 +23,7 @@ FIGURES: dict[str, Callable[[Settings], list[Row]]] = {
     "B4": collect.measure,
     "B1": pipeline.measure,
     "B2": wait.measure,
+    "B6": scale.measure,
 }
 
 

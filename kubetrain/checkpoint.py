@@ -66,7 +66,6 @@ from kubetrain.checkpoint_manifest import (
     verify_checkpoint,
 )
 from kubetrain.errors import IntegrityError
-from kubetrain.integrity import folder_digests
 
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
@@ -236,13 +235,12 @@ def save_checkpoint(
             "files": {},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        manifest["files"] = storage.folder_digests(target, exclude=(MANIFEST,))
         if local:
-            manifest["files"] = folder_digests(target, exclude=(MANIFEST,))
             (target / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             atomic.publish_dir(target, final)
             atomic.write_text(storage.join(checkpoint_dir, LATEST), checkpoint_name(epoch) + "\n")
         else:
-            manifest["files"] = storage.folder_digests(target, exclude=(MANIFEST,))
             storage.write_text(
                 storage.join(target, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True)
             )

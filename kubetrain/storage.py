@@ -25,9 +25,10 @@ from fsspec.utils import get_protocol
 from kubetrain import atomic
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.file_urls import file_url_path
+from kubetrain.integrity import CHUNK_BYTES, sha256_file
+from kubetrain.streaming_copy import copy_verified
 
 Location = str | os.PathLike[str]
-CHUNK_BYTES = 4 * 1024 * 1024
 #: A file in a local folder (e.g. a KFP artifact) saying that the content lives at this URL.
 POINTER = "LOCATION"
 _LOCAL_PROTOCOLS = ("file", "local")
@@ -178,6 +179,8 @@ def remove_tree(location: Location) -> None:
 
 def sha256(location: Location) -> str:
     """sha256 of a file, read in chunks so memory stays bounded."""
+    if is_local(location):
+        return sha256_file(local_path(location))
     digest = hashlib.sha256()
     with open_file(location) as handle:
         while chunk := handle.read(CHUNK_BYTES):
@@ -235,20 +238,24 @@ def publish_dir(staged: Path, final: Location, manifest: str) -> Path | str:
 
     Locally: fsync and rename. On object storage: take down the manifest of an older folder
     first (its readers stop trusting it), remove its files, upload every file under its final
-    key and the manifest last; the local staging folder is deleted afterwards.
+    key (streamed and verified, :func:`kubetrain.streaming_copy.copy_verified`) and the manifest
+    last; the local staging folder is deleted afterwards.
     """
     if is_local(final):
         return atomic.publish_dir(staged, local_path(final))
     try:
         retract(final, manifest)
-        fs, base = resolve(final)
-        base = base.rstrip("/")
         files = sorted(p for p in staged.rglob("*") if p.is_file())
         if staged / manifest not in files:
             raise IntegrityError(f"{final}: no {manifest} to publish it with")
         for path in [p for p in files if p != staged / manifest]:
-            fs.put_file(str(path), f"{base}/{path.relative_to(staged).as_posix()}")
-        fs.put_file(str(staged / manifest), f"{base}/{manifest}")
+            # streamed, and published only once its sha256 matched the staged file's
+            copy_verified(
+                str(path), str(join(final, path.relative_to(staged).as_posix())),
+                expected_sha256=sha256_file(path),
+            )  # fmt: skip
+        fs, base = resolve(final)
+        fs.put_file(str(staged / manifest), f"{base.rstrip('/')}/{manifest}")
         fs.invalidate_cache()
     finally:
         shutil.rmtree(staged, ignore_errors=True)

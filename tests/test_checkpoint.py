@@ -179,7 +179,7 @@ KILL_SCRIPT = textwrap.dedent(
     if point == "payload":
         checkpoint._write_model_file = half_write
     elif point == "manifest":
-        checkpoint.folder_digests = die
+        checkpoint.storage.folder_digests = die
     elif point == "publish":
         atomic.fsync_tree = die
     elif point == "latest":

@@ -74,18 +74,7 @@ def collect_checkpoint(
             from kubetrain.export import export_model
 
             export_model(staged, export)  # checked against the model before it is kept
-        if storage.is_local(output_dir):
-            storage.publish_dir(staged, output_dir, MODEL_CARD)
-        else:
-            storage.retract(output_dir, MODEL_CARD)
-            for path in sorted(staged.iterdir()):
-                if path.name != MODEL_CARD:
-                    copy_verified(
-                        str(path),
-                        str(storage.join(output_dir, path.name)),
-                        expected_sha256=sha256_file(path),
-                    )
-            storage.write_text(storage.join(output_dir, MODEL_CARD), card_text)
+        storage.publish_dir(staged, output_dir, MODEL_CARD)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(

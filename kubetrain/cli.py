@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+from typing import NoReturn
 
 from kubetrain import __version__
 from kubetrain.errors import KubetrainError
@@ -29,8 +31,30 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line ``PROG: error: OPTION: PROBLEM; FIX``, like every other kubetrain
+    error: a step's log then ends with the line that matters, not a usage block. Subcommand
+    parsers are made of the same class (argparse's default ``parser_class``)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {one_line_usage_error(message, self.prog)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def one_line_usage_error(message: str, prog: str) -> str:
+    """argparse's ``message`` as ``OPTION: PROBLEM; FIX`` on one line."""
+    message = " ".join(message.removeprefix("argument ").split())
+    choices = re.fullmatch(r"(.*) \(choose from (.*)\)", message)
+    if choices:
+        return f"{choices[1]}; use one of {choices[2]}"
+    bad_type = re.search(r"invalid (\w+) value", message)
+    fixes = {"int": "give a whole number", "float": "give a number"}
+    fix = fixes.get(bad_type[1] if bad_type else "", f"see `{prog} --help`")
+    return f"{message}; {fix}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kubetrain",
         description=(
             "Reusable pipeline steps for distributed PyTorch training on Kubernetes "

@@ -81,8 +81,9 @@ def run_logs(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     if bool(args.name) == bool(args.run_name):
+        given = "both NAME and --run-name are" if args.name else "neither NAME nor --run-name is"
         raise InvalidInput(
-            "name", "give exactly one of NAME and --run-name", "e.g. `kubetrain delete my-job`"
+            "name", f"{given} given", "give exactly one, e.g. `kubetrain delete my-job`"
         )
     name = args.name or derive_job_name(args.run_name)
     try:

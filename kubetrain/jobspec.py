@@ -32,6 +32,7 @@ DNS_SUBDOMAIN_PATTERN = re.compile(
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 MAX_SCRIPT_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
+MAX_RESTARTS = 100
 
 
 def validate_name(name: str, field_name: str = "name") -> str:
@@ -208,6 +209,9 @@ class TrainJobSpec:
     #: variables; only its name is rendered, never its values. The local backend ignores it.
     storage_secret: str = ""
     suspend: bool = False
+    #: After a node fails, restart every node up to this many times (JobSet's
+    #: failurePolicy.maxRestarts: a torch job cannot go on with one node replaced).
+    max_restarts: int = 0
     active_deadline_seconds: int | None = None
     dataset_initializer: Initializer | None = None
     model_initializer: Initializer | None = None
@@ -269,6 +273,12 @@ class TrainJobSpec:
                 f"{self.storage_secret!r} is not a Secret name",
                 "use lowercase letters, digits, '-' and '.'",
             )
+        if not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise InvalidInput(
+                "max_restarts",
+                f"{self.max_restarts} is outside 0..{MAX_RESTARTS}",
+                "use 0 (fail on the first node failure) or a small number like 3",
+            )
         if self.active_deadline_seconds is not None and self.active_deadline_seconds < 1:
             raise InvalidInput(
                 "active_deadline_seconds",
@@ -318,6 +328,7 @@ class TrainJobSpec:
             service_account=data.get("service_account", ""),
             storage_secret=data.get("storage_secret", ""),
             suspend=data.get("suspend", False),
+            max_restarts=data.get("max_restarts", 0),
             active_deadline_seconds=data.get("active_deadline_seconds"),
             dataset_initializer=_optional(Initializer, data.get("dataset_initializer")),
             model_initializer=_optional(Initializer, data.get("model_initializer")),

@@ -28,12 +28,15 @@ def read_model_card(model_dir: storage.Location) -> dict[str, Any]:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise IntegrityError(f"model {folder}: no {MODEL_CARD}; collect the model first") from None
     if card.get("format") != MODEL_FORMAT:
-        raise IntegrityError(f"model {folder}: format {card.get('format')!r} is not {MODEL_FORMAT}")
+        raise IntegrityError(
+            f"model {folder}: format {card.get('format')!r} is not {MODEL_FORMAT}; collect the "
+            "model with this kubetrain"
+        )
     model_file = storage.join(folder, MODEL_FILE)
     try:
         actual = storage.sha256(model_file)
     except FileNotFoundError:
-        raise IntegrityError(f"model {folder}: {MODEL_FILE} is missing") from None
+        raise IntegrityError(f"model {folder}: {MODEL_FILE} is missing; re-collect it") from None
     if actual != card["sha256"]:
         raise IntegrityError(
             f"model {folder}: {model_file} does not match its sha256; re-collect it"
@@ -43,12 +46,19 @@ def read_model_card(model_dir: storage.Location) -> dict[str, Any]:
 
 def load_model_weights(model_dir: storage.Location) -> dict[str, torch.Tensor]:
     """The state dict in ``model.safetensors`` (safetensors: no pickle, nothing executed)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load, load_file
 
     model_file = storage.join(storage.dereference(model_dir), MODEL_FILE)
-    if storage.is_local(model_file):
-        return load_file(str(model_file))
-    return dict(sorted(load(storage.read_bytes(model_file)).items()))
+    try:
+        if storage.is_local(model_file):
+            return load_file(str(model_file))
+        return dict(sorted(load(storage.read_bytes(model_file)).items()))
+    except SafetensorError as exc:
+        raise IntegrityError(
+            f"model file {model_file} is not a safetensors file ({exc}); refused unread, "
+            "re-collect it"
+        ) from exc
 
 
 def load_model(
@@ -64,6 +74,8 @@ def load_model(
     try:
         model.load_state_dict(load_model_weights(model_dir), strict=True)
     except RuntimeError as exc:
-        message = f"model {model_dir} does not fit model {spec['spec']!r}: {exc}"
+        # torch's message spans lines (missing and unexpected keys): keep the error one line.
+        detail = " ".join(str(exc).split())
+        message = f"model {model_dir} does not fit model {spec['spec']!r}: {detail}; re-collect it"
         raise IntegrityError(message) from exc
     return model.eval(), card

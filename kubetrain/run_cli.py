@@ -77,17 +77,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+#: (pipeline parameter, argument, option) checked before the pipeline starts.
+CHECKED = (
+    ("nodes", "nodes", "--nodes"),
+    ("procs_per_node", "procs_per_node", "--procs-per-node"),
+    ("model", "model", "--model"),
+    ("epochs", "epochs", "--epochs"),
+    ("lr", "lr", "--lr"),
+    ("batch_size", "batch_size", "--batch-size"),
+    ("seed", "seed", "--seed"),
+    ("wait_timeout_seconds", "timeout", "--timeout"),
+)
+
+
+def validate_arguments(args: argparse.Namespace) -> None:
+    """Refuse what a step would refuse before the pipeline starts: found by a step, a bad value
+    fails the run only after the steps before it have written their outputs."""
+    from kubetrain import storage
+    from kubetrain.components.dataset_prep.prep import check_source
+    from kubetrain.components.evaluate_model.evaluate import validate_threshold
+    from kubetrain.param_option import check_value
+
+    for parameter, dest, option in CHECKED:
+        check_value(parameter, getattr(args, dest), option)
+    validate_threshold(args.threshold)
+    check_source(args.dataset, "--dataset")
+    if args.storage:
+        storage.resolve(args.storage, "--storage")
+
+
 def run(args: argparse.Namespace) -> int:
+    validate_arguments(args)  # before kfp is imported: a refusal is instant
     from kfp import local
 
     from kubetrain import storage
     from kubetrain.backends.local_supervisor import program_path
-    from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.pipelines.training_pipeline import training_pipeline
 
-    validate_threshold(args.threshold)
-    if args.storage:
-        storage.resolve(args.storage, "--storage")
     # Our component image is a Python image; KFP guesses from its name that it may not be.
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the

@@ -65,6 +65,21 @@ def resolve(location: Location, field: str = "path") -> tuple[AbstractFileSystem
         ) from exc
 
 
+def check_protocol(location: Location, field: str = "path") -> None:
+    """Refuse a URL whose protocol fsspec does not know, without opening it: for locations only
+    a job's nodes use, whose filesystem package need not be installed where the job is made."""
+    from fsspec.registry import available_protocols
+
+    text = os.fspath(location)
+    protocol = get_protocol(text)
+    if protocol not in _LOCAL_PROTOCOLS and protocol not in available_protocols():
+        raise InvalidInput(
+            field,
+            f"{text!r} uses an unknown protocol {protocol!r}",
+            "give a local path, file:///path, s3://bucket/prefix or another fsspec URL",
+        )
+
+
 def join(location: Location, *parts: str) -> Path | str:
     """``location/part/...``: a Path for local locations, a URL string otherwise."""
     if is_local(location):
@@ -208,7 +223,8 @@ def verify_digests(root: Location, expected: dict[str, str], what: str) -> None:
             actual = sha256(location)
         except FileNotFoundError:
             raise IntegrityError(
-                f"{what}: file {location} listed in its manifest is missing"
+                f"{what}: file {location} listed in its manifest is missing; re-create it "
+                "rather than use it"
             ) from None
         if actual != digest:
             raise IntegrityError(

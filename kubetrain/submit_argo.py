@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.param_option import split_param
+from kubetrain.param_option import check_value, split_param
 
 if TYPE_CHECKING:
     import requests
@@ -231,6 +231,7 @@ def parse_workflow_arguments(
             raise InvalidInput(
                 f"--param {name}", f"{value!r} is not allowed", f"use one of {', '.join(allowed)}"
             )
+        check_value(name, value, f"--param {name}")
         arguments[name] = value
     return arguments
 
@@ -349,7 +350,11 @@ def run_argo(args: argparse.Namespace) -> int:
     host = argo_server_url(args.host)
     namespace = args.namespace or os.environ.get("ARGO_NAMESPACE") or "default"
     if not DNS_LABEL.match(namespace):
-        raise InvalidInput("--namespace", f"{namespace!r} is not a namespace name", "e.g. argo")
+        raise InvalidInput(
+            "--namespace",
+            f"{namespace!r} is not a namespace name",
+            "use lowercase letters, digits and '-', e.g. argo",
+        )
     token = argo_token(args.token_file)
     verify = not (args.insecure or env_flag("ARGO_INSECURE_SKIP_VERIFY"))
     if args.generate_name is not None and not GENERATE_NAME.match(args.generate_name):

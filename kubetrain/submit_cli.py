@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kubetrain import submit_argo
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.param_option import split_param
+from kubetrain.param_option import check_value, split_param
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
 PARAMETER_PARSERS = {
@@ -85,6 +85,7 @@ def parse_arguments(pairs: list[str], declared: dict[str, str]) -> dict[str, obj
                 f"--param {name}", f"{text!r} is not a {declared[name].lower()}",
                 "give a value of the parameter's type",
             ) from None  # fmt: skip
+        check_value(name, arguments[name], f"--param {name}")
     return arguments
 
 

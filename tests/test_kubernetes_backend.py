@@ -579,3 +579,20 @@ def test_the_pipeline_runs_workflow_owns_the_trainjob(k8s, monkeypatch):
     )
     emulator.delete("workflows", "run-1")
     assert emulator.names("trainjobs") == set(), "deleting the run deletes its TrainJob"
+
+
+def test_restarts_are_refused_beyond_what_the_runtime_allows(k8s):
+    """A TrainJob restarts as its runtime's JobSet failurePolicy says; asking for more is an
+    error before anything is created, on the trainer and the job backend alike."""
+    with pytest.raises(InvalidInput, match=r"max_restarts: 2 restarts asked, but .* allows 0"):
+        k8s.backend().launch(make_spec(max_restarts=2))
+    runtime = objects.torch_runtime("restarting", "default")
+    runtime["spec"]["template"]["spec"]["failurePolicy"] = {"maxRestarts": 3}
+    k8s.emulator.create("trainingruntimes", runtime)
+    with pytest.raises(InvalidInput, match="job backend cannot restart every node together"):
+        k8s.backend("job").launch(make_spec(max_restarts=2))
+    assert k8s.emulator.names("trainjobs") == set() and k8s.emulator.names("jobs") == set()
+
+    allowed = make_spec(max_restarts=3, runtime=RuntimeRef("restarting", "TrainingRuntime"))
+    k8s.backend().launch(allowed)
+    assert k8s.emulator.names("trainjobs") == {"demo"}

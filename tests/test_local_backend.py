@@ -252,3 +252,24 @@ def test_derived_names_are_stable_rfc1035_and_short():
     assert len(name) <= 47 and name[0].isalpha()
     TrainJobSpec(name=name, command=("true",)).validate()
     assert derive_job_name("123", "x")[0].isalpha()
+
+
+def test_command_references_to_the_trainer_env_are_expanded_as_the_kubelet_does(
+    local_root, tmp_path
+):
+    """`$(PET_MASTER_ADDR)` in a command works on a cluster (the kubelet expands it): it must
+    work locally too; `$$(X)` stays literal and unknown references are left as written."""
+    write_script(
+        tmp_path,
+        "args.py",
+        """
+        import sys
+        print("ARGS " + " ".join(sys.argv[1:]), flush=True)
+    """,
+    )
+    command = ["python", "args.py", "$(PET_MASTER_ADDR):$(PET_NODE_RANK)", "$$(HOME)", "$(NOPE)"]
+    launched = kubetrain("launch", "--nodes", "1", "--", *command, cwd=tmp_path)
+    name = launched.stdout.strip().splitlines()[-1]
+    waited = kubetrain("wait", name)
+    assert waited.returncode == 0, waited.stderr
+    assert "ARGS 127.0.0.1:0 $(HOME) $(NOPE)" in waited.stdout

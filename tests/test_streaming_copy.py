@@ -20,6 +20,10 @@ from kubetrain.errors import IntegrityError
 from kubetrain.streaming_copy import copy_verified
 from kubetrain.testing.peak_memory import run_measuring_peak_memory
 from kubetrain.testing.s3_server import S3Server
+from kubetrain.testing.tiny_filesystem import (
+    run_python_on_tiny_filesystem,
+    tiny_filesystem_available,
+)
 
 CHUNK = 64 * 1024
 REPO = Path(__file__).resolve().parents[1]
@@ -419,17 +423,6 @@ def test_one_gib_copy_has_bounded_peak_memory(tmp_path: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def tiny_filesystem_available(mount_point: Path) -> bool:
-    """Whether an unprivileged user+mount namespace may mount a tmpfs here (most Linux hosts)."""
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-Urm", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
 ENOSPC_COPY = """
 import json, os, sys
 from kubetrain.errors import IntegrityError, KubetrainError
@@ -455,22 +448,10 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     sha = make_file(src, 4 * 1024 * 1024)
     dst = mount_point / "ckpt" / "model.safetensors"
-    script = f'mount -t tmpfs -o size=1m tmpfs {mount_point} && exec {sys.executable} -c "$0" "$@"'
-    run = subprocess.run(
-        [
-            "unshare",
-            "-Urm",
-            "sh",
-            "-c",
-            script,
-            ENOSPC_COPY,
-            str(src),
-            str(dst),
-            sha,
-            str(dst.parent),
-        ],
-        capture_output=True,
-        text=True,
+    run = run_python_on_tiny_filesystem(
+        mount_point,
+        "1m",
+        ["-c", ENOSPC_COPY, str(src), str(dst), sha, str(dst.parent)],
         env=child_env(),
     )
     assert run.returncode == 0, run.stderr

@@ -45,8 +45,8 @@ def collect_checkpoint(
         raise InvalidInput("export", f"{export!r} is not one of {EXPORT_KINDS}", "pick one")
     if not storage.is_dir(checkpoint_dir, "checkpoint_dir"):
         raise IntegrityError(
-            f"checkpoint_dir {checkpoint_dir} does not exist; did the training job run and "
-            "write a checkpoint there?"
+            f"checkpoint_dir {checkpoint_dir} does not exist; check --checkpoint-dir, and that "
+            "the training job ran and wrote a checkpoint there"
         )
     storage.resolve(output_dir, "output")  # refuse an unusable output before the work
     checkpoint = latest_checkpoint(checkpoint_dir)
@@ -86,16 +86,19 @@ def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], ta
     """DDP: rank 0's ``model.safetensors`` already is the full model; stream it (bounded memory,
     sha256 checked against the manifest while copying, so not hashed again) and check it holds
     tensors. Returns its sha256."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    copied = copy_verified(
-        str(storage.join(checkpoint, MODEL_FILE)),
-        str(target),
-        expected_sha256=manifest["files"][MODEL_FILE],
-    )
-    with safe_open(str(target), framework="numpy") as model_file:  # reads the header only
-        if not list(model_file.keys()):
-            raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+    source = storage.join(checkpoint, MODEL_FILE)
+    copied = copy_verified(str(source), str(target), expected_sha256=manifest["files"][MODEL_FILE])
+    try:
+        with safe_open(str(target), framework="numpy") as model_file:  # reads the header only
+            tensors = list(model_file.keys())
+    except SafetensorError as exc:
+        raise IntegrityError(
+            f"checkpoint file {source} is not a safetensors file ({exc}); refused unread"
+        ) from exc
+    if not tensors:
+        raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
     return copied.sha256
 
 

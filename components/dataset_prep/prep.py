@@ -198,10 +198,42 @@ def _check_remote_output(url: str) -> str:
 # --- sources ---------------------------------------------------------------------------------
 
 
+def check_source(source: str, field: str = "source") -> None:
+    """Refuse a source that names no dataset (empty, unknown scheme or name, missing path)
+    without loading it, so that `kubetrain run` refuses it before its pipeline starts;
+    ``field`` names the option."""
+    if not isinstance(source, str) or not source.strip():
+        raise InvalidInput(field, "is empty", f"give one of: {VALID_SOURCES}")
+    scheme, sep, rest = source.partition(":")
+    lowered = scheme.lower() if sep else ""
+    if lowered == "sklearn":
+        if rest not in SKLEARN_DATASETS:
+            valid = ", ".join(f"sklearn:{n}" for n in SKLEARN_DATASETS)
+            raise InvalidInput(field, f"unknown sklearn dataset {rest!r}", f"use one of: {valid}")
+        return
+    if lowered == "torchvision":
+        if rest.lower() not in {n.lower() for n in TORCHVISION_DATASETS}:
+            valid = ", ".join(f"torchvision:{n}" for n in TORCHVISION_DATASETS)
+            raise InvalidInput(
+                field, f"unknown torchvision dataset {rest!r}", f"use one of: {valid}"
+            )
+        return
+    path = file_url_path(source, field) if lowered == "file" else Path(source).expanduser()
+    if sep and lowered != "file" and _SCHEME.fullmatch(scheme) and not path.exists():
+        raise InvalidInput(
+            field, f"unknown scheme {scheme!r} in {source!r}", f"use one of: {VALID_SOURCES}"
+        )
+    if not path.exists():
+        raise InvalidInput(
+            field,
+            f"{path} does not exist",
+            f"give an existing .npz file or folder, or one of: {VALID_SOURCES}",
+        )
+
+
 def _load_source(source: str, cache_dir: str | None) -> _Loaded:
     """Dispatch on the source's scheme: sklearn:, torchvision:, file:, or a plain path."""
-    if not isinstance(source, str) or not source.strip():
-        raise InvalidInput("source", "is empty", f"give one of: {VALID_SOURCES}")
+    check_source(source)
     scheme, sep, rest = source.partition(":")
     lowered = scheme.lower() if sep else ""
     if lowered == "sklearn":
@@ -210,18 +242,10 @@ def _load_source(source: str, cache_dir: str | None) -> _Loaded:
         return _load_torchvision(rest, cache_dir)
     if lowered == "file":
         return _load_path(file_url_path(source, "source"))
-    path = Path(source).expanduser()
-    if sep and _SCHEME.fullmatch(scheme) and not path.exists():
-        raise InvalidInput(
-            "source", f"unknown scheme {scheme!r} in {source!r}", f"use one of: {VALID_SOURCES}"
-        )
-    return _load_path(path)
+    return _load_path(Path(source).expanduser())
 
 
 def _load_sklearn(name: str) -> _Loaded:
-    if name not in SKLEARN_DATASETS:
-        valid = ", ".join(f"sklearn:{n}" for n in SKLEARN_DATASETS)
-        raise InvalidInput("source", f"unknown sklearn dataset {name!r}", f"use one of: {valid}")
     import sklearn.datasets
 
     bunch = getattr(sklearn.datasets, SKLEARN_DATASETS[name])()
@@ -233,12 +257,7 @@ def _load_sklearn(name: str) -> _Loaded:
 
 def _load_torchvision(name: str, cache_dir: str | None) -> _Loaded:
     """Download (once, into the cache) and read a torchvision dataset with its own split."""
-    canonical = {n.lower(): n for n in TORCHVISION_DATASETS}.get(name.lower())
-    if canonical is None:
-        valid = ", ".join(f"torchvision:{n}" for n in TORCHVISION_DATASETS)
-        raise InvalidInput(
-            "source", f"unknown torchvision dataset {name!r}", f"use one of: {valid}"
-        )
+    canonical = {n.lower(): n for n in TORCHVISION_DATASETS}[name.lower()]  # check_source'd
     try:
         from torchvision import datasets
     except ModuleNotFoundError as exc:
@@ -275,13 +294,8 @@ def _load_torchvision(name: str, cache_dir: str | None) -> _Loaded:
 
 
 def _load_path(path: Path) -> _Loaded:
-    """A .npz file, or a folder with data.npz, or with train.npz + test.npz (its own split)."""
-    if not path.exists():
-        raise InvalidInput(
-            "source",
-            f"{path} does not exist",
-            f"give an existing .npz file or folder, or one of: {VALID_SOURCES}",
-        )
+    """A .npz file, or a folder with data.npz, or with train.npz + test.npz (its own split);
+    it exists (see check_source)."""
     if path.is_file():
         x, y, classes = _read_npz(path)
         return _Loaded({"all": (x, y)}, {"all": str(path)}, classes, {path.name: sha256_file(path)})

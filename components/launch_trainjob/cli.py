@@ -129,6 +129,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--suspend", action="store_true", help="create the job suspended (resume it later)"
     )
     job.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="after a node fails, restart every node up to N times (our trainer resumes from "
+        "the newest checkpoint); on a cluster the runtime's JobSet failurePolicy.maxRestarts "
+        "does this and must be at least N; default 0",
+    )
+    job.add_argument(
         "--active-deadline-seconds",
         type=int,
         default=None,
@@ -266,6 +274,7 @@ def job_spec_from_args(args: argparse.Namespace, name: str, command: list[str]):
         service_account=args.service_account,
         storage_secret=args.storage_secret,
         suspend=args.suspend,
+        max_restarts=args.max_restarts,
         active_deadline_seconds=args.active_deadline_seconds,
         dataset_initializer=Initializer(args.dataset_uri, args.dataset_secret)
         if args.dataset_uri
@@ -317,9 +326,15 @@ def backend_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kubetrain import storage
     from kubetrain.components.launch_trainjob.launch import launch_job
+    from kubetrain.datasets import read_manifest
 
     spec, checkpoint_dir = spec_from_args(args)
+    if args.backend == "local" and checkpoint_dir and storage.is_local(args.data):
+        # Our trainer's nodes run here: a folder that is no dataset is refused now, before a
+        # job is created whose every node would fail on it.
+        read_manifest(args.data)
     name = launch_job(spec, backend=args.backend, options=backend_options(args))
     if checkpoint_dir:
         print(f"checkpoints: {checkpoint_dir}")

@@ -29,6 +29,7 @@ def launch_trainjob(
     service_account: str = "",
     storage: str = "",
     storage_secret: str = "",
+    max_restarts: int = 0,
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
@@ -44,6 +45,10 @@ def launch_trainjob(
     the dataset where ``dataset`` points (see dataset_prep) and write checkpoints under
     ``storage/checkpoints/<run_name>``; they get the endpoint and keys from Secret
     ``storage_secret`` (its name only is rendered into the job).
+
+    ``max_restarts``: after a node fails, every node starts again up to this many times and
+    training resumes from the newest checkpoint (on a cluster the runtime's JobSet
+    ``failurePolicy.maxRestarts`` must allow it).
     """
     from collections import namedtuple
 
@@ -77,6 +82,7 @@ def launch_trainjob(
         service_account=service_account,
         storage_url=storage,
         storage_secret=storage_secret,
+        max_restarts=max_restarts,
     )
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(

@@ -17,6 +17,8 @@ from kubetrain.staging import stage_dataset
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
 STRATEGIES = ("ddp", "fsdp")
+# kubetrain.models.BUILTIN_MODELS, kept literal so that launching a job imports no torch.
+BUILTIN_MODELS = ("mlp", "cnn")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,17 @@ class TrainingOptions:
             )
         if self.strategy not in STRATEGIES:
             raise InvalidInput("strategy", f"{self.strategy!r} is unknown", "use ddp or fsdp")
+        # Checked here, not first in every node of a job that was already created.
+        if self.model not in BUILTIN_MODELS and ":" not in self.model:
+            raise InvalidInput(
+                "model", f"{self.model!r} is unknown", "use mlp, cnn or package.module:callable"
+            )
+        for field_name, location in (
+            ("data", self.data_dir),
+            ("checkpoint_dir", self.checkpoint_dir),
+        ):
+            if location:
+                storage.check_protocol(location, field_name)
         for field_name, value in (
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
@@ -108,6 +121,7 @@ def launch_training(
     service_account: str = "",
     storage_url: str = "",
     storage_secret: str = "",
+    max_restarts: int = 0,
 ) -> LaunchResult:
     """Launch our DDP/FSDP trainer as a distributed job.
 
@@ -154,6 +168,7 @@ def launch_training(
         pod_labels=labels,
         service_account=service_account,
         storage_secret=storage_secret,
+        max_restarts=max_restarts,
     ).validate()
     if copy_dataset:
         stage_dataset(source, data_dir)

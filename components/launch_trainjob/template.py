@@ -49,6 +49,8 @@ def launch_trainjob_template(
         input_parameter("cpu", "CPU per node (Kubernetes quantity); empty = the runtime's", ""),
         input_parameter("memory", "memory per node; empty = the runtime's", ""),
         input_parameter("gpu", "GPUs per node", "0"),
+        input_parameter("max_restarts", "restarts of every node after one fails (the runtime's "
+                        "failurePolicy.maxRestarts must allow them)", "0"),
         input_parameter("storage_secret", "Secret with S3 endpoint and keys for s3:// data and "
                         "checkpoints; empty = none", ""),
     ]  # fmt: skip
@@ -76,6 +78,8 @@ def launch_trainjob_template(
             inputs("memory"),
             "--gpu",
             inputs("gpu"),
+            "--max-restarts",
+            inputs("max_restarts"),
             "--storage-secret",
             inputs("storage_secret"),
             "--volume",

@@ -67,7 +67,9 @@ def validate_version(version: str) -> str:
             "give a name like 2024-06-01 or v3",
         )
     if version.upper() == POINTER:  # compared case-blind for case-insensitive filesystems
-        raise InvalidInput("version", f"{version!r} is the registry's pointer file", "rename it")
+        raise InvalidInput(
+            "version", f"{version!r} is the registry's pointer file", "choose another, e.g. v1"
+        )
     return version
 
 

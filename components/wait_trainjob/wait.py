@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
 from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.torchrun_report import root_cause
 
 FAILURE_LOG_LINES = 20
 
@@ -32,6 +33,8 @@ class JobFailed(KubetrainError):
         code = node.exit_code if node is not None and node.exit_code is not None else 1
         exit_code = 128 - code if code < 0 else (code if 0 < code < 256 else 1)
         message = f"job {status.name} failed ({status.reason}): {status.message}"
+        if cause := root_cause(last_lines):
+            message += f"; torchrun: {cause}"
         if node is not None and last_lines:
             message += f"\nlast {len(last_lines)} lines of node {node.rank}:\n" + "\n".join(
                 last_lines
@@ -67,9 +70,9 @@ def wait_for_job(
     ``options`` (namespace, what to do on cancel) matter to the cluster backends."""
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
-    if timeout_seconds < 0:
+    if not timeout_seconds >= 0:  # NaN too
         raise InvalidInput(
-            "timeout", f"{timeout_seconds} is negative", "use 0 (none) or more seconds"
+            "timeout", f"{timeout_seconds} is not 0 or more", "use 0 (none) or more seconds"
         )
     backend_impl = get_backend(backend, options)
     started = time.monotonic()

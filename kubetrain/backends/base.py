@@ -32,6 +32,8 @@ class JobStatus:
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
+    #: How many times every node was restarted after a node failed (``spec.max_restarts``).
+    restarts: int = 0
     #: The failing node's last log lines, when the backend read them before releasing the job
     #: (its pods, and their logs, may be gone by the time anyone asks).
     log_tail: list[str] = field(default_factory=list)

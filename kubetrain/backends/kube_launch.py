@@ -150,7 +150,7 @@ def check_runtime(objects: KubeObjects, spec: TrainJobSpec, namespace: str) -> N
     action = Action("get", plural, TRAINER_GROUP, runtime.name, "" if cluster_scoped else namespace)
     try:
         if cluster_scoped:
-            objects.call(
+            found = objects.call(
                 action,
                 objects.custom.get_cluster_custom_object,
                 TRAINER_GROUP,
@@ -159,7 +159,7 @@ def check_runtime(objects: KubeObjects, spec: TrainJobSpec, namespace: str) -> N
                 runtime.name,
             )
         else:
-            objects.call(
+            found = objects.call(
                 action,
                 objects.custom.get_namespaced_custom_object,
                 TRAINER_GROUP,
@@ -181,6 +181,24 @@ def check_runtime(objects: KubeObjects, spec: TrainJobSpec, namespace: str) -> N
         raise InvalidInput(
             "runtime", f"there is no {runtime.kind} named {runtime.name!r}{where}", fix
         ) from None
+    check_restarts(found, spec)
+
+
+def check_restarts(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
+    """Restarts of a TrainJob are the runtime's JobSet ``failurePolicy.maxRestarts`` (Trainer
+    v2.3's runtimePatches cannot change it): refuse a job asking for more than it allows."""
+    if not spec.max_restarts:
+        return
+    jobset = runtime.get("spec", {}).get("template", {}).get("spec", {})
+    allowed = (jobset.get("failurePolicy") or {}).get("maxRestarts", 0)
+    if allowed < spec.max_restarts:
+        raise InvalidInput(
+            "max_restarts",
+            f"{spec.max_restarts} restarts asked, but {spec.runtime.kind} {spec.runtime.name} "
+            f"allows {allowed} (spec.template.spec.failurePolicy.maxRestarts)",
+            "use a runtime that allows them (runtimes/torch-ddp-cpu.yaml allows 3) or a lower "
+            "--max-restarts",
+        )
 
 
 # ---------------------------------------------------------------- adopting or refusing

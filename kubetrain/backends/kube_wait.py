@@ -10,19 +10,17 @@ comes from its container's termination as the pod watch saw it, even if the pod 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import queue
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import V1Pod
 
 from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kube_client import Action
 from kubetrain.backends.kube_logs import LogFollower
 from kubetrain.backends.kube_pods import (
@@ -46,39 +44,6 @@ LOG_DRAIN_SECONDS = 15.0
 #: ... and when the wait fails early (a crash-looping node may keep restarting meanwhile).
 EARLY_FAILURE_DRAIN_SECONDS = 2.0
 JOB, PODS = "job", "pods"
-
-
-class Cancelled(Exception):
-    """The wait was cancelled by a signal (a cancelled pipeline run sends SIGTERM)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@dataclass
-class CancelRequest:
-    signum: int | None = None
-
-
-@contextlib.contextmanager
-def sigterm_cancels() -> Iterator[CancelRequest]:
-    """While inside, SIGTERM only records a request (the wait then cleans up and exits 143);
-    the previous handler is restored after. Signals reach the main thread only, so elsewhere
-    this installs nothing."""
-    request = CancelRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-
-    def record(signum: int, _frame: Any) -> None:
-        request.signum = signum
-
-    previous = signal.signal(signal.SIGTERM, record)
-    try:
-        yield request
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def timestamp(value: str | None) -> float:

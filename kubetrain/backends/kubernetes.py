@@ -28,6 +28,7 @@ import kubernetes.client
 
 from kubetrain.backends import BackendOptions
 from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.cancel import Cancelled, sigterm_cancels
 from kubetrain.backends.kube_client import (
     Action,
     ApiError,
@@ -53,7 +54,7 @@ from kubetrain.backends.kube_pods import (
     node_container,
     node_statuses,
 )
-from kubetrain.backends.kube_wait import Cancelled, WaitSession, sigterm_cancels, timestamp
+from kubetrain.backends.kube_wait import WaitSession, timestamp
 from kubetrain.backends.kube_watch import WATCH_SECONDS
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
@@ -132,6 +133,13 @@ class KubernetesBackend:
                 self.objects, self.options.trainer_version, namespace, self.warn
             )
             check_runtime(self.objects, spec, namespace)
+        elif spec.max_restarts:
+            raise InvalidInput(
+                "max_restarts",
+                "the job backend cannot restart every node together (a JobSet can)",
+                "use --backend trainer with a runtime whose failurePolicy allows restarts, "
+                "or --max-restarts 0",
+            )
         owner = find_owner(self.objects, namespace, self.warn)
         rendered = self.render(spec, version, owner)
         job = rendered[-1]
@@ -405,5 +413,5 @@ class KubernetesBackend:
         if not deleted:
             raise JobNotFound(
                 f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; nothing to "
-                "delete"
+                "delete: check the name and --namespace, or pass --ignore-not-found"
             )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kubetrain import atomic
 from kubetrain.backends.base import CREATED, FAILED, JobStatus
+from kubetrain.backends.cancel import sigterm_cancels
 from kubetrain.backends.local_files import local_root, node_log, read_status, write_status
 from kubetrain.backends.local_supervisor import program_path, signal_group
 from kubetrain.backends.log_tail import LogTail
@@ -27,6 +28,8 @@ from kubetrain.jobspec import TrainJobSpec
 
 POLL_SECONDS = 0.05
 DELETE_GRACE_SECONDS = 10.0
+#: A cancelled wait must leave no process within 5 s (the supervisor's own grace is longer).
+CANCEL_GRACE_SECONDS = 3.0
 
 
 class LocalBackend:
@@ -99,20 +102,35 @@ class LocalBackend:
         job_dir = self.existing_job_dir(name)
         rank0_log = LogTail(node_log(job_dir, 0))
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status(name)
-            for line in rank0_log.read_lines(final=status.finished):
-                if on_log_line is not None:
-                    on_log_line(line)
-            if status.finished:
-                return status
-            if deadline is not None and time.monotonic() > deadline:
-                raise KubetrainError(
-                    f"timed out after {timeout:g}s waiting for job {name} (state {status.state}); "
-                    "raise --timeout or check `kubetrain logs`",
-                    exit_code=124,
-                )
-            time.sleep(POLL_SECONDS)
+        with sigterm_cancels() as cancel:
+            while True:
+                status = self.status(name)
+                for line in rank0_log.read_lines(final=status.finished):
+                    if on_log_line is not None:
+                        on_log_line(line)
+                if status.finished:
+                    return status
+                if cancel.signum is not None:
+                    self.stop(name, CANCEL_GRACE_SECONDS)
+                    raise KubetrainError(
+                        f"stopped waiting for local job {name}: cancelled by "
+                        f"{signal.Signals(cancel.signum).name}; stopped its processes (its logs "
+                        f"stay in {job_dir}; `kubetrain delete {name}` removes them)",
+                        exit_code=128 + cancel.signum,
+                    )
+                self._check_deadline(name, status, timeout, deadline)
+                time.sleep(POLL_SECONDS)
+
+    @staticmethod
+    def _check_deadline(
+        name: str, status: JobStatus, timeout: float | None, deadline: float | None
+    ) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise KubetrainError(
+                f"timed out after {timeout:g}s waiting for job {name} (state {status.state}); "
+                "raise --timeout or check `kubetrain logs`",
+                exit_code=124,
+            )
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
         job_dir = self.existing_job_dir(name)
@@ -130,18 +148,23 @@ class LocalBackend:
             time.sleep(POLL_SECONDS)
 
     def delete(self, name: str) -> None:
+        self.stop(name, DELETE_GRACE_SECONDS)
+        shutil.rmtree(self.job_dir(name))
+
+    def stop(self, name: str, grace_seconds: float) -> None:
+        """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes
+        and records the job as Failed), SIGKILL to whatever is left after ``grace_seconds``."""
         job_dir = self.existing_job_dir(name)
         supervisor_pid = self._supervisor_pid(job_dir)
         if supervisor_pid is not None and self._supervisor_alive(job_dir):
             signal_group(supervisor_pid, signal.SIGTERM)
-            deadline = time.monotonic() + DELETE_GRACE_SECONDS
+            deadline = time.monotonic() + grace_seconds
             while self._supervisor_alive(job_dir) and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
             signal_group(supervisor_pid, signal.SIGKILL)
         for node in read_status(job_dir).nodes:
             if node.pid is not None and node.exit_code is None:
                 signal_group(node.pid, signal.SIGKILL)
-        shutil.rmtree(job_dir)
 
     @staticmethod
     def _supervisor_pid(job_dir: Path) -> int | None:

@@ -1,9 +1,11 @@
 """The process that plays Kubeflow Trainer for one local job.
 
 It starts the job's command once per node with the PET_* environment the Trainer injects
-(master address 127.0.0.1, a free port), records each node's exit code, fails the whole job
-as soon as one node fails (stopping the others, like JobSet's failure policy), and stops every
-node when it is itself terminated. Run as ``python -m kubetrain.backends.local_supervisor DIR``.
+(master address 127.0.0.1, a free port; `$(VAR)` references in the command expanded as the
+kubelet does), records each node's exit code, and as soon as one node fails stops the others
+and either starts every node again (up to ``spec.max_restarts`` times) or fails the job, as
+JobSet's failure policy does; it stops every node when it is itself terminated.
+Run as ``python -m kubetrain.backends.local_supervisor DIR``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 from pathlib import Path
 
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
+from kubetrain.backends.env_references import expand_all
 from kubetrain.backends.local_files import node_log, read_status, write_status
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.torchrun_report import describe_code
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -52,12 +56,6 @@ def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
     }
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
 def stop_nodes(processes: list[subprocess.Popen]) -> None:
     """SIGTERM each node's process group, then SIGKILL what is left after a grace period."""
     for proc in processes:
@@ -86,16 +84,45 @@ def supervise(job_dir: Path) -> JobStatus:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda sig, _frame: stop_requested.append(sig))
 
+    while True:
+        processes = start_nodes(job_dir, spec, record["cwd"], status)
+        if status.state == FAILED:
+            return status
+        state, reason, message = follow_nodes(status, processes, stop_requested)
+        if state == COMPLETE:
+            return finish(job_dir, status, COMPLETE, reason, message)
+        stop_nodes(processes)
+        record_exit_codes(status, processes)
+        if reason == "NodeFailed" and status.restarts < spec.max_restarts:
+            # JobSet's failurePolicy: every node starts again (a torch job cannot go on with
+            # one rank replaced); the trainer resumes from the newest checkpoint.
+            status.restarts += 1
+            for rank in range(spec.num_nodes):
+                with open(node_log(job_dir, rank), "a") as log:
+                    log.write(
+                        f"kubetrain: {message}; restart {status.restarts} of "
+                        f"{spec.max_restarts}: starting every node again\n"
+                    )
+            continue
+        return finish(job_dir, status, FAILED, reason, message)
+
+
+def start_nodes(
+    job_dir: Path, spec: TrainJobSpec, cwd: str, status: JobStatus
+) -> list[subprocess.Popen]:
+    """Start every node (a fresh port each attempt, as new pods get); on a start error the
+    job is recorded Failed and the nodes already started are stopped."""
     port = free_port()
     processes: list[subprocess.Popen] = []
     for rank in range(spec.num_nodes):
+        env = node_env(spec, rank, port)
         with open(node_log(job_dir, rank), "ab") as log:
             try:
                 processes.append(
                     subprocess.Popen(
-                        [*spec.command, *spec.args],
-                        env=node_env(spec, rank, port),
-                        cwd=record["cwd"],
+                        expand_all([*spec.command, *spec.args], env),
+                        env=env,
+                        cwd=cwd,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -106,50 +133,48 @@ def supervise(job_dir: Path) -> JobStatus:
                 log.write(f"cannot start {spec.command[0]}: {exc}\n".encode())
                 stop_nodes(processes)
                 status.failed_rank = rank
-                return finish(
+                finish(
                     job_dir,
                     status,
                     FAILED,
                     "StartError",
                     f"node {rank} could not start {spec.command[0]}: {exc}",
                 )
-    status.state, status.started_at = RUNNING, time.time()
+                return processes
+    status.state, status.failed_rank = RUNNING, None
+    status.started_at = status.started_at or time.time()
     status.nodes = [
         NodeStatus(rank=r, pid=p.pid, log=node_log(job_dir, r).name)
         for r, p in enumerate(processes)
     ]
     write_status(job_dir, status)
+    return processes
 
+
+def follow_nodes(
+    status: JobStatus, processes: list[subprocess.Popen], stop_requested: list[int]
+) -> tuple[str, str, str]:
+    """Poll the nodes until all exit 0, one fails, or we are told to stop: (state, reason,
+    message)."""
     while True:
         if stop_requested:
-            reason = f"stopped by {signal.Signals(stop_requested[0]).name}"
-            return fail_job(job_dir, status, processes, "Stopped", reason)
+            return FAILED, "Stopped", f"stopped by {signal.Signals(stop_requested[0]).name}"
         for node, proc in zip(status.nodes, processes, strict=True):
             code = proc.poll()
             if code is not None and node.exit_code is None:
                 node.exit_code = code
                 if code != 0:
                     status.failed_rank = node.rank
-                    reason = f"node {node.rank} {describe_exit(code)}"
-                    return fail_job(job_dir, status, processes, "NodeFailed", reason)
+                    return FAILED, "NodeFailed", f"node {node.rank} {describe_code(code)}"
         if all(node.exit_code == 0 for node in status.nodes):
-            return finish(job_dir, status, COMPLETE, "Completed", "all nodes exited with code 0")
+            return COMPLETE, "Completed", "all nodes exited with code 0"
         time.sleep(POLL_SECONDS)
 
 
-def fail_job(
-    job_dir: Path,
-    status: JobStatus,
-    processes: list[subprocess.Popen],
-    reason: str,
-    message: str,
-) -> JobStatus:
-    """Stop every node still running, record all exit codes, and mark the job Failed."""
-    stop_nodes(processes)
+def record_exit_codes(status: JobStatus, processes: list[subprocess.Popen]) -> None:
     for node, proc in zip(status.nodes, processes, strict=True):
         if node.exit_code is None:
             node.exit_code = proc.wait()
-    return finish(job_dir, status, FAILED, reason, message)
 
 
 def finish(job_dir: Path, status: JobStatus, state: str, reason: str, message: str) -> JobStatus:

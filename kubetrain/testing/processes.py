@@ -1,0 +1,56 @@
+"""Process trees read from /proc, so fault tests can kill one torchrun worker and then check
+that no process of a job is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from kubetrain.backends.local import process_alive
+
+
+def parent_pids() -> dict[int, int]:
+    """pid → parent pid of every process visible in /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended while we looked
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, children first."""
+    parents = parent_pids()
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found.extend(children)
+        frontier = children
+    return [p for p in found if process_alive(p)]
+
+
+def wait_for_descendants(pid: int, count: int, timeout: float) -> list[int]:
+    """The descendants of ``pid`` once there are at least ``count`` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(found := descendants(pid)) >= count:
+            return found
+        time.sleep(0.05)
+    raise TimeoutError(f"process {pid} did not get {count} descendants in {timeout:g}s")
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if process_alive(pid)]
+
+
+def kill(pid: int, signum: int = signal.SIGKILL) -> float:
+    """Send ``signum`` to ``pid``; the monotonic time it was sent."""
+    os.kill(pid, signum)
+    return time.monotonic()

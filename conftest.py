@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent
+# Counts the reliability tests and prints the figures the README quotes (`figures` fixture).
+pytest_plugins = ("kubetrain.testing.reliability_figures",)
 
 
 def write_digits(output_dir: Path, seed: int = 0) -> Path:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
@@ -65,7 +66,7 @@ from kubetrain.checkpoint_manifest import (
     read_manifest,
     verify_checkpoint,
 )
-from kubetrain.errors import IntegrityError
+from kubetrain.errors import IntegrityError, refusal_reason
 
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
@@ -78,15 +79,107 @@ __all__ = [
 _SINGLE_PROCESS_WARNING = ".*in a single process.*"
 
 
+# What DCP's pickled ``.metadata`` is made of, besides the classes of
+# torch.distributed.checkpoint.metadata and torch dtypes (see _MetadataUnpickler).
+_DCP_METADATA_FILE = ".metadata"
+_DCP_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # returns torch.layout values only
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("collections", "OrderedDict"),
+    *(("pathlib", name) for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PurePath")),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` allowing only the plain classes it is made of. DCP itself
+    reads it with ``pickle.load``, which calls whatever the file names: a planted file would run
+    code even when its manifest sha256 matches (whoever can write the file can write that)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:
+            if (module, name) in _DCP_METADATA_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch.distributed.checkpoint.metadata":
+                found = super().find_class(module, name)
+                if isinstance(found, type) and found.__module__ == module:
+                    return found  # its dataclasses and enums: building them runs no code
+            if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):
+                return vars(torch)[name]
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP checkpoint's metadata")
+
+
+def _read_dcp_metadata(dcp_path: PathLike) -> Any:
+    """DCP's metadata of ``dcp_path``, unpickled by :class:`_MetadataUnpickler` (no code runs)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = storage.join(dcp_path, _DCP_METADATA_FILE)
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(storage.read_bytes(path))).load()
+    except FileNotFoundError:
+        raise IntegrityError(
+            f"checkpoint file {path} is missing; use an earlier checkpoint"
+        ) from None
+    except Exception as exc:  # whatever a malformed pickle raises
+        raise IntegrityError(
+            f"checkpoint file {path} is not DCP metadata, refused unread ({exc}); "
+            "use a checkpoint written by kubetrain.train"
+        ) from exc
+    if not isinstance(metadata, Metadata):
+        raise IntegrityError(
+            f"checkpoint file {path} holds a {type(metadata).__name__}, not DCP metadata; "
+            "use a checkpoint written by kubetrain.train"
+        )
+    return metadata
+
+
 def _dcp_reader(dcp_path: PathLike):
-    """DCP's reader for a local folder, or its fsspec reader for object storage."""
+    """DCP's reader for a local folder, or its fsspec reader for object storage, that returns
+    the metadata :func:`_read_dcp_metadata` read up front instead of ``pickle.load``-ing it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import StorageMeta
 
     if storage.is_local(dcp_path):
-        return dcp.FileSystemReader(str(storage.local_path(dcp_path)))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+        base, location = dcp.FileSystemReader, str(storage.local_path(dcp_path))
+    else:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-    return FsspecReader(os.fspath(dcp_path))
+        base, location = FsspecReader, os.fspath(dcp_path)
+    metadata = _read_dcp_metadata(dcp_path)
+
+    class VettedReader(base):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if metadata.storage_meta is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return VettedReader(location)
+
+
+def _dcp_load(request: dict[str, Any], dcp_path: PathLike, **options: Any) -> None:
+    """``dcp.load`` of tensors only: an entry the metadata marks as bytes (which DCP would
+    ``torch.load(weights_only=False)``) is refused, with the refusal raised as it is."""
+    import torch.distributed.checkpoint as dcp
+
+    class TensorsOnly(dcp.DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            raise IntegrityError(
+                f"checkpoint {dcp_path}: entry {read_item.dest_index.fqn} is stored as pickled "
+                "bytes, not a tensor; refused unread, use a checkpoint written by kubetrain.train"
+            )
+
+    reader = _dcp_reader(dcp_path)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
+            dcp.load(request, storage_reader=reader, planner=TensorsOnly(), **options)
+    except dcp.CheckpointException as exc:  # a BaseException wrapping each rank's error
+        errors = (error for error, _trace in exc.failures.values())
+        refusal = next((error for error in errors if isinstance(error, IntegrityError)), None)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def _dcp_writer(dcp_path: PathLike):
@@ -101,18 +194,23 @@ def _dcp_writer(dcp_path: PathLike):
 
 
 def _load_safetensors(path: PathLike) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load, load_file
 
-    if storage.is_local(path):
-        return load_file(str(storage.local_path(path)))
-    # In one order on every rank: FSDP's load distributes the tensors with collectives in
-    # dict order, and safetensors' load(bytes) returns them in a per-process hash order.
-    return dict(sorted(load(storage.read_bytes(path)).items()))
+    try:
+        if storage.is_local(path):
+            return load_file(str(storage.local_path(path)))
+        # In one order on every rank: FSDP's load distributes the tensors with collectives in
+        # dict order, and safetensors' load(bytes) returns them in a per-process hash order.
+        return dict(sorted(load(storage.read_bytes(path)).items()))
+    except SafetensorError as exc:
+        raise IntegrityError(
+            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
+        ) from exc
 
 
 def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
     """Read the "model" entries of a DCP checkpoint into plain tensors, in this process alone."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = _dcp_reader(dcp_path).read_metadata()
@@ -123,9 +221,7 @@ def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
             model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     if not model:
         raise IntegrityError(f"checkpoint {dcp_path}: its DCP checkpoint has no model")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
-        dcp.load({"model": model}, storage_reader=_dcp_reader(dcp_path), no_dist=True)
+    _dcp_load({"model": model}, dcp_path, no_dist=True)
     return model
 
 
@@ -309,20 +405,22 @@ def restore_checkpoint(
         for group in optimizer.param_groups
     ]
     if manifest["strategy"] == "fsdp":
-        import torch.distributed.checkpoint as dcp
-
         model_state, optim_state = get_state_dict(model, optimizer)
         request = {"model": _tensor_leaves(model_state), "optim": _tensor_leaves(optim_state)}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
-            dcp.load(request, storage_reader=_dcp_reader(storage.join(ckpt_path, DCP_DIR)))
+        _dcp_load(request, storage.join(ckpt_path, DCP_DIR))
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     else:
         model_state = _load_safetensors(storage.join(ckpt_path, MODEL_FILE))
-        with storage.open_file(storage.join(ckpt_path, OPTIMIZER_FILE)) as handle:
-            optim_state = torch.load(
-                io.BytesIO(handle.read()), map_location="cpu", weights_only=True
-            )
+        optim_path = storage.join(ckpt_path, OPTIMIZER_FILE)
+        with storage.open_file(optim_path) as handle:
+            data = io.BytesIO(handle.read())
+        try:  # weights_only: tensors and plain containers, never code the file names
+            optim_state = torch.load(data, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as exc:
+            raise IntegrityError(
+                f"checkpoint file {optim_path} is not plain optimizer state, refused unread "
+                f"({refusal_reason(exc)}); use a checkpoint written by kubetrain.train"
+            ) from exc
         set_state_dict(
             model,
             optimizer,

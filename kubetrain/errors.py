@@ -30,3 +30,14 @@ class JobNotFound(KubetrainError):
 
 class IntegrityError(KubetrainError):
     """Stored data (a dataset or a checkpoint) is missing, incomplete or corrupt."""
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """One short line of why a load failed: for ``torch.load(weights_only=True)`` the line that
+    names what it refused (its message is otherwise a page of advice, including to turn the
+    check off), else the error's own text on one line."""
+    import re
+
+    text = str(exc)
+    refused = re.search(r"WeightsUnpickler error:\s*(.+?)\.?(?: was not|$)", text, re.M)
+    return refused[1] if refused else " ".join(text.split())[:200] or type(exc).__name__

@@ -8,16 +8,23 @@ A server then needs neither kubetrain nor the model's Python code. Every export 
 checked against the eager model before it is published, and recorded with its sha256 in
 ``export.json``, so :func:`verify_export` can refuse a file that changed since.
 
-Security: ``torch.export.load`` and ``torch.jit.load`` may unpickle parts of the file, and
-unpickling runs code. Load only programs you produced, after :func:`verify_export` checked
-them against ``export.json`` (itself written beside a sha256-checked model).
+Security: ``torch.export.load`` may unpickle parts of the file, and unpickling runs code. Load
+only programs you produced, after :func:`verify_export` checked them against ``export.json``
+(itself written beside a sha256-checked model). As whoever can change a file can change its
+sha256 too, the checks load a program so that it runs no code it carries: every ``torch.load``
+inside forced to ``weights_only`` and pickled custom objects refused (TorchScript's own
+unpickler resolves no Python globals).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import zipfile
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -25,7 +32,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from kubetrain import storage
-from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.model_artifact import load_model
 
 ExportKind = Literal["torch-export", "torchscript"]
@@ -53,10 +60,53 @@ def _serialize(model: torch.nn.Module, kind: ExportKind, sample: torch.Tensor) -
     return buffer.getvalue()
 
 
-def _load(kind: str, data: bytes) -> torch.nn.Module:
-    """The serialized program as a callable module. Unpickles: only for checked bytes."""
+@contextlib.contextmanager
+def _weights_only_torch_load() -> Iterator[None]:
+    """Every ``torch.load`` inside as ``weights_only=True`` (torch reads the variable on each
+    call): ``torch.export.load`` retries its sample inputs, and loads pickled weights, with
+    ``weights_only=False``, which runs whatever code a planted archive names."""
+    names = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    saved = {name: os.environ.pop(name, None) for name in names}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def _refuse_pickled_objects(data: bytes, what: str) -> None:
+    """Refuse a torch.export archive with pickled custom objects among its constants, which
+    ``torch.export.load`` would ``pickle.loads`` (kubetrain's exports have none)."""
+    from torch.export.pt2_archive.constants import (
+        CUSTOM_OBJ_FILENAME_PREFIX,
+        OPAQUE_OBJ_FILENAME_PREFIX,
+    )
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        names = archive.namelist()
+        if len(set(names)) != len(names):  # which copy a reader takes is the reader's choice
+            raise IntegrityError(f"{what} has duplicate archive entries; refused unread")
+        for name in names:
+            if not name.endswith("constants_config.json"):
+                continue
+            for fqn, entry in json.loads(archive.read(name)).get("config", {}).items():
+                if str(entry.get("path_name", "")).startswith(
+                    (CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)
+                ):
+                    raise IntegrityError(
+                        f"{what} holds a pickled object ({fqn}), refused unread; re-export it"
+                    )
+
+
+def _load(kind: str, data: bytes, what: str) -> torch.nn.Module:
+    """The serialized program as a callable module, loaded so that it runs no code it carries."""
     if kind == "torch-export":
-        return torch.export.load(io.BytesIO(data)).module()
+        _refuse_pickled_objects(data, what)
+        with _weights_only_torch_load():
+            return torch.export.load(io.BytesIO(data)).module()
     return torch.jit.load(io.BytesIO(data))
 
 
@@ -65,7 +115,16 @@ def _check_outputs(
 ) -> None:
     with torch.no_grad():
         expected = eager(sample)
-        actual = _load(kind, data)(sample)
+        try:
+            program = _load(kind, data, what)
+        except IntegrityError:
+            raise
+        except Exception as exc:  # whatever a damaged or planted archive makes torch raise
+            raise IntegrityError(
+                f"{what} is not a loadable {kind} program, refused ({refusal_reason(exc)}); "
+                "re-export it"
+            ) from exc
+        actual = program(sample)
     try:
         torch.testing.assert_close(actual, expected)
     except AssertionError as exc:

@@ -11,9 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hera.workflows import Artifact, Container, NoneArchiveStrategy, Parameter, RetryStrategy
-from hera.workflows.models import Backoff, ValueFrom, VolumeMount
+from hera.workflows.models import (
+    Backoff,
+    Capabilities,
+    SeccompProfile,
+    SecurityContext,
+    ValueFrom,
+    VolumeMount,
+)
 
 from kubetrain.images import COMPONENT_IMAGE
+from kubetrain.render.pod import NON_ROOT_UID
 from kubetrain.step_outputs import OPTION as OUTPUT_PARAMETERS_OPTION
 
 #: Where a step writes one file per output parameter (``--output-parameters``).
@@ -99,4 +107,12 @@ def step_template(
         outputs=outputs,
         volume_mounts=[volume.mount()] if volume is not None else None,
         retry_strategy=retry,
+        security_context=SecurityContext(
+            run_as_non_root=True,
+            run_as_user=NON_ROOT_UID,
+            run_as_group=NON_ROOT_UID,
+            allow_privilege_escalation=False,
+            capabilities=Capabilities(drop=["ALL"]),
+            seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+        ),
     )

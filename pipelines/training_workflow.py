@@ -19,6 +19,7 @@ from hera.workflows.models import (
     PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource,
     PodGC,
+    PodSecurityContext,
     Quantity,
     TTLStrategy,
     Volume,
@@ -37,6 +38,7 @@ from kubetrain.components.wait_trainjob.template import (
     wait_trainjob_template,
 )
 from kubetrain.images import COMPONENT_IMAGE
+from kubetrain.render.pod import NON_ROOT_UID
 
 WORKFLOW_NAME = "kubetrain-training"
 ENTRYPOINT = "train-and-evaluate"
@@ -138,6 +140,8 @@ def build_training_workflow(
             for name, (default, description) in parameters.items()
         ],
         pod_gc=PodGC(strategy="OnWorkflowSuccess"),
+        # Files the steps write on the shared claim belong to our group (fsGroup).
+        security_context=PodSecurityContext(run_as_non_root=True, fs_group=NON_ROOT_UID),
         ttl_strategy=TTLStrategy(
             seconds_after_success=TTL_AFTER_SUCCESS, seconds_after_failure=TTL_AFTER_FAILURE
         ),

@@ -145,6 +145,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
         "command": command,
         "env": _env(spec),
         "ports": [{"name": "torch", "containerPort": pod.MASTER_PORT, "protocol": "TCP"}],
+        "securityContext": pod.container_security_context(),
     }
     if args:
         container["args"] = args
@@ -160,6 +161,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "subdomain": spec.name,
         "restartPolicy": "Never",
+        "securityContext": pod.pod_security_context(),
         "containers": [container],
     }
     optional = (

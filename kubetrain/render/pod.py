@@ -22,6 +22,26 @@ MASTER_PORT = 29500
 #: Where our runtimes mount the shared PVC `kubetrain-shared` (data and checkpoints).
 SHARED_MOUNT_PATH = "/mnt/shared"
 DEFAULT_DATA_DIR = f"{SHARED_MOUNT_PATH}/data"
+#: The user our images run as (images/*.Dockerfile: USER 10001:10001); pods say so too, so
+#: the kubelet refuses to start one as root whatever image it is given.
+NON_ROOT_UID = 10001
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Non-root, its files on shared volumes owned by our group, the runtime's seccomp
+    profile (as in runtimes/*.yaml)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """No privilege escalation and no Linux capabilities."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def default_checkpoint_dir(job_name: str) -> str:

@@ -81,10 +81,12 @@ CONTAINER = {
     "args": ANY,
     "env": [{"name": ANY, "value": ANY}],
     "volumeMounts": [{"name": ANY, "mountPath": ANY, "readOnly": ANY}],
-    # Accepted and ignored: there are no images or resource limits on this machine.
+    # Accepted and ignored: there are no images, resource limits or pod security contexts
+    # on this machine (steps run as the user running the harness).
     "image": ANY,
     "imagePullPolicy": ANY,
     "resources": ANY,
+    "securityContext": ANY,
 }
 TEMPLATE = {
     "name": ANY,
@@ -119,6 +121,7 @@ SPEC = {
     "ttlStrategy": ANY,
     "volumeClaimGC": ANY,
     "serviceAccountName": ANY,
+    "securityContext": ANY,
 }
 WORKFLOW = {"apiVersion": ANY, "kind": ANY, "metadata": ANY, "spec": SPEC}
 

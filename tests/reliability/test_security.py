@@ -695,9 +695,9 @@ def pod_specs(document: Any) -> list[dict[str, Any]]:
 
 
 def test_rendered_jobs_runtimes_and_pipelines_never_ask_for_root(tmp_path: Path) -> None:
-    """Nothing asks for root or privileges; a rendered pod that sets a securityContext sets
-    runAsNonRoot. (The renderers set none today: Indexed Job pods rely on the image's
-    USER 10001, TrainJob pods on the runtime's runAsNonRoot, see tests/test_runtimes.py.)"""
+    """Nothing asks for root or privileges; the Indexed Job's pods and every Argo step
+    container enforce runAsNonRoot (TrainJob pods get it from the runtime, which the
+    TrainJob cannot override: see tests/test_runtimes.py)."""
     from kubetrain.jobspec import Resources, TrainJobSpec
     from kubetrain.render import render_indexed_job, render_trainjob
 
@@ -719,9 +719,17 @@ def test_rendered_jobs_runtimes_and_pipelines_never_ask_for_root(tmp_path: Path)
         for pod in pod_specs(rendered):
             context = pod.get("securityContext")
             assert context is None or context.get("runAsNonRoot") is True, (where, context)
+    (indexed_pod,) = pod_specs(documents[1][1])
+    assert indexed_pod["securityContext"]["runAsNonRoot"] is True
     for folder in ("runtimes", "pipelines/compiled"):
         for path in sorted((REPO / folder).glob("*.yaml")):
             documents.append((path.name, list(yaml.safe_load_all(path.read_text()))))
+    for stem in ("training_workflow", "training_workflow_template"):
+        workflow = yaml.safe_load((REPO / "pipelines/compiled" / f"{stem}.yaml").read_text())
+        for template in workflow["spec"]["templates"]:
+            if "container" in template:
+                context = template["container"]["securityContext"]
+                assert context["runAsNonRoot"] is True, (stem, template["name"])
     assert [f for where, doc in documents for f in privilege_findings(doc, where)] == []
 
 

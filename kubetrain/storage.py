@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -249,13 +250,17 @@ def staging_dir(final: Location) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"kubetrain-{name_of(final)}-"))
 
 
-def publish_dir(staged: Path, final: Location, manifest: str) -> Path | str:
+def publish_dir(
+    staged: Path, final: Location, manifest: str, known_sha256: Mapping[str, str] | None = None
+) -> Path | str:
     """Publish a fully written local folder at ``final``, so that it is complete or not seen.
 
     Locally: fsync and rename. On object storage: take down the manifest of an older folder
     first (its readers stop trusting it), remove its files, upload every file under its final
     key (streamed and verified, :func:`kubetrain.streaming_copy.copy_verified`) and the manifest
-    last; the local staging folder is deleted afterwards.
+    last; the local staging folder is deleted afterwards. ``known_sha256`` (by POSIX path
+    relative to ``staged``) gives files whose sha256 the caller already verified, so they are
+    not read once more just to learn what their upload is checked against.
     """
     if is_local(final):
         return atomic.publish_dir(staged, local_path(final))
@@ -265,10 +270,11 @@ def publish_dir(staged: Path, final: Location, manifest: str) -> Path | str:
         if staged / manifest not in files:
             raise IntegrityError(f"{final}: no {manifest} to publish it with")
         for path in [p for p in files if p != staged / manifest]:
+            relative = path.relative_to(staged).as_posix()
             # streamed, and published only once its sha256 matched the staged file's
             copy_verified(
-                str(path), str(join(final, path.relative_to(staged).as_posix())),
-                expected_sha256=sha256_file(path),
+                str(path), str(join(final, relative)),
+                expected_sha256=(known_sha256 or {}).get(relative) or sha256_file(path),
             )  # fmt: skip
         fs, base = resolve(final)
         fs.put_file(str(staged / manifest), f"{base.rstrip('/')}/{manifest}")

@@ -8,10 +8,14 @@ node lost) and retried.
 How a copy is published depends on the target:
 
 * **Local target**: bytes go to ``<target>.part`` beside it, described by a small sidecar
-  ``<target>.part.json`` (expected sha256 and size).  Once every byte is written and the
-  sha256 matches, the part file is fsynced, renamed onto the target and the folder fsynced.  An
-  interrupted copy leaves the part file and sidecar behind; the next call with the same expected
-  sha256 and size hashes the existing prefix and appends the rest instead of starting over.
+  ``<target>.part.json`` (expected sha256 and size).  The sha256 is of the part file itself,
+  read back (from the page cache) by a thread right behind the writer, so what is verified is
+  exactly what is published, and hashing, the slowest stage, overlaps the copy and the fsync.
+  A local source is copied by the kernel (``copy_file_range``: no bytes through Python).  Once
+  every byte is written and the sha256 matches, the part file (fsynced) is renamed onto the
+  target and the folder fsynced.  An interrupted copy leaves the part file and sidecar behind;
+  the next call with the same expected sha256 and size hashes the existing prefix and appends
+  the rest instead of starting over.
 * **S3 target**: written as a multipart upload straight to the final key, opened with
   ``autocommit=False``: S3 shows no object until the upload is completed, which happens only
   after the sha256 matched; otherwise the upload is aborted.  S3 objects cannot be appended to,
@@ -31,7 +35,9 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -48,6 +54,10 @@ _S3_MAX_PARTS = 9_000
 _S3_MIN_PART = 5 * 1024 * 1024
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+#: copy_file_range errors that mean "not between these files": copy through Python instead.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM}
+#: Read-back buffer of the hashing thread: fits the CPU cache, which hashes faster than 8 MiB.
+_HASH_BUFFER = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,10 @@ def copy_verified(
         return _read_chunks(src_fs, src_path, offset, chunk_size)
 
     if _is_local(dst_fs):
-        copied, resumed = _copy_to_local(read_source, source, dst_path, expected, size, chunk_size)
+        local_source = src_path if _is_local(src_fs) else None
+        copied, resumed = _copy_to_local(
+            read_source, source, dst_path, expected, size, chunk_size, local_source
+        )
     else:
         copied, resumed = _copy_to_object_store(
             read_source, source, dst_fs, dst_path, expected, size, chunk_size
@@ -231,6 +244,90 @@ def _resumable_prefix(target: str, expected: str, size: int | None) -> int:
     return length if length <= size else 0
 
 
+class _PartHasher:
+    """sha256 of a part file computed in a thread that reads it back right behind the writer.
+
+    Hashing (~0.6 s a GiB) is the slowest stage of a local copy: run beside the writing and the
+    fsync it costs little extra time (hashlib and file reads release the GIL).  Reading the part
+    file back hashes exactly the bytes that will be published, whoever wrote them (the kernel's
+    copy_file_range or Python), with one small buffer of memory."""
+
+    def __init__(self, path: Path, buffer_size: int) -> None:
+        self.hashed = 0
+        self._digest = hashlib.sha256()
+        self._ends: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._abandoned = False
+        self._error: BaseException | None = None
+        self._file = open(path, "rb", buffering=0)  # closed by __exit__
+        self._buffer = bytearray(buffer_size)
+        self._thread = threading.Thread(target=self._run, name="sha256-part", daemon=True)
+
+    def __enter__(self) -> _PartHasher:
+        self._thread.start()
+        return self
+
+    def hash_to(self, end: int) -> None:
+        """The part file's bytes up to ``end`` are written: hash them."""
+        self._ends.put(end)
+
+    def _run(self) -> None:
+        view = memoryview(self._buffer)
+        try:
+            while (end := self._ends.get()) is not None:
+                while self.hashed < end and not self._abandoned:
+                    read = self._file.readinto(view[: min(len(view), end - self.hashed)])
+                    if not read:  # shorter than written: the caller sees hashed != written
+                        return
+                    self._digest.update(view[:read])
+                    self.hashed += read
+        except BaseException as exc:  # re-raised in the caller's thread by hexdigest()
+            self._error = exc
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._abandoned = exc_type is not None  # failing anyway: do not hash the rest
+        self._ends.put(None)
+        self._thread.join()
+        self._file.close()
+
+    def hexdigest(self) -> str:
+        if self._error is not None:
+            raise self._error
+        return self._digest.hexdigest()
+
+
+def _write_from(
+    fd: int,
+    offset: int,
+    read_source: Callable[[int], Iterator[bytes]],
+    local_source: str | None,
+    chunk_size: int,
+) -> Iterator[int]:
+    """Write the source from ``offset`` on into ``fd`` at the same offset, yielding the length of
+    each piece once it is in the file.  A local source is copied by the kernel (no bytes through
+    Python: page cache to page cache); where the kernel cannot (another filesystem, an old
+    kernel), or once it reports the end, the source is read and written in chunks."""
+    position = offset
+    if local_source is not None and hasattr(os, "copy_file_range"):
+        with open(local_source, "rb", buffering=0) as src:
+            while True:
+                try:
+                    length = os.copy_file_range(src.fileno(), fd, chunk_size, position, position)
+                except OSError as exc:
+                    if exc.errno not in _NO_KERNEL_COPY:
+                        raise
+                    break
+                if not length:  # the end, or a filesystem that cannot tell: the loop confirms
+                    break
+                position += length
+                yield length
+    for chunk in read_source(position):
+        view, done = memoryview(chunk), 0
+        while done < len(chunk):  # pwrite: the file position is not used by copy_file_range
+            done += os.pwrite(fd, view[done:], position + done)
+        position += done
+        yield done
+
+
 def _copy_to_local(
     read_source: Callable[[int], Iterator[bytes]],
     source: str,
@@ -238,6 +335,7 @@ def _copy_to_local(
     expected: str,
     size: int | None,
     chunk_size: int,
+    local_source: str | None = None,
 ) -> tuple[int, int]:
     """Copy into ``<target>.part`` (resuming it if possible), verify, fsync, rename; return
     (bytes read from the source, resumed offset)."""
@@ -247,38 +345,27 @@ def _copy_to_local(
     try:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         while True:
-            digest = hashlib.sha256()
             if offset:
                 log.info("resuming %s from byte %d of %s", target, offset, part)
-                with open(part, "rb", buffering=0) as handle:
-                    remaining = offset
-                    while remaining:
-                        chunk = handle.read(min(chunk_size, remaining))
-                        if not chunk:  # shrank under us; start over
-                            break
-                        digest.update(chunk)
-                        remaining -= len(chunk)
-                if remaining:
-                    offset = 0
-                    continue
                 mode = "r+b"
             else:
                 part.unlink(missing_ok=True)
                 atomic.write_json(sidecar, {"sha256": expected, "size": size, "source": source})
                 mode = "wb"
             written = offset
-            with open(part, mode) as out:
-                out.seek(offset)
-                out.truncate()
-                for chunk in read_source(offset):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    written += len(chunk)
-                    copied += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = digest.hexdigest()
-            if actual == expected and size in (None, written):
+            hash_buffer = min(chunk_size, _HASH_BUFFER)
+            with open(part, mode, buffering=0) as out, _PartHasher(part, hash_buffer) as hasher:
+                out.truncate(offset)
+                hasher.hash_to(offset)  # the reused prefix, while the rest is copied
+                for length in _write_from(
+                    out.fileno(), offset, read_source, local_source, chunk_size
+                ):
+                    written += length
+                    copied += length
+                    hasher.hash_to(written)
+                os.fsync(out.fileno())  # while the hasher catches up
+            actual = hasher.hexdigest()
+            if actual == expected and hasher.hashed == written and size in (None, written):
                 break
             if offset:
                 # The reused prefix may be what is wrong (e.g. torn by a power loss): once more

@@ -249,6 +249,51 @@ def test_tampered_model_in_s3_is_refused(s3_env, s3_runs) -> None:
         read_model_card(remote)
 
 
+def test_publish_dir_checks_uploads_against_known_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A digest the caller already verified is what the upload is checked against (the file is
+    not hashed once more to learn it): a staged file that no longer matches it is refused and
+    the folder is not published (its manifest never written)."""
+    import hashlib
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+
+    def staged_folder() -> Path:
+        folder = tmp_path / f"staged-{len(list(tmp_path.iterdir()))}"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "model.bin").write_bytes(b"weights")
+        (folder / "sub" / "other.bin").write_bytes(b"other")
+        (folder / "card.json").write_text("{}")
+        return folder
+
+    hashed: list[str] = []
+    real_sha256_file = storage.sha256_file
+
+    def sha256_file(path: Path) -> str:
+        hashed.append(path.name)
+        return real_sha256_file(path)
+
+    monkeypatch.setattr(storage, "sha256_file", sha256_file)
+    known = {"model.bin": hashlib.sha256(b"weights").hexdigest()}
+    try:
+        storage.publish_dir(staged_folder(), "memory://published/ok", "card.json", known)
+        assert hashed == ["other.bin"], "the known digest was not recomputed"
+        assert fs.cat("/published/ok/model.bin") == b"weights"
+        assert fs.exists("/published/ok/card.json")
+
+        stale = {"model.bin": hashlib.sha256(b"what was verified earlier").hexdigest()}
+        with pytest.raises(IntegrityError):
+            storage.publish_dir(staged_folder(), "memory://published/bad", "card.json", stale)
+        assert not fs.exists("/published/bad/card.json")
+        assert not fs.exists("/published/bad/model.bin")
+    finally:
+        if fs.exists("/published"):
+            fs.rm("/published", recursive=True)
+
+
 def test_kubetrain_run_with_storage_keeps_everything_in_the_bucket(
     s3: S3Server, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain.errors import IntegrityError
+from kubetrain.errors import IntegrityError, KubetrainError
 from kubetrain.streaming_copy import copy_verified
 from kubetrain.testing.peak_memory import run_measuring_peak_memory
 from kubetrain.testing.s3_server import S3Server
@@ -114,6 +114,79 @@ def test_wrong_size_is_refused_before_copying(tmp_path: Path) -> None:
 def test_missing_source(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError, match="does not exist"):
         copy_verified(str(tmp_path / "nope"), str(tmp_path / "dst"), expected_sha256="0" * 64)
+
+
+@pytest.mark.parametrize("kernel", ["EXDEV", "ENOSYS", "stops early"])
+def test_copy_without_the_kernel_copy_falls_back_to_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """Where copy_file_range cannot copy (another filesystem, an old kernel) or reports the end
+    too soon (filesystems that cannot tell), the rest is read and written through Python."""
+    import errno
+
+    src, dst = tmp_path / "src.bin", tmp_path / "out" / "model.safetensors"
+    size = 5 * CHUNK + 9
+    sha = make_file(src, size)
+    real = os.copy_file_range
+    calls = []
+
+    def copy_file_range(*args: int) -> int:
+        calls.append(args)
+        if kernel == "stops early":
+            return real(*args) if len(calls) == 1 else 0
+        raise OSError(getattr(errno, kernel), kernel)
+
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range, raising=False)
+    result = copy_verified(str(src), str(dst), expected_sha256=sha, chunk_size=CHUNK)
+
+    assert calls and (result.bytes_copied, result.resumed_from) == (size, 0)
+    assert dst.read_bytes() == src.read_bytes()
+    assert leftovers(dst.parent) == []
+
+
+def test_what_is_verified_is_the_written_file_not_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sha256 is of the part file read back, so a copy that went wrong on the way (here a
+    kernel copy that damages one byte) is refused even though the source is intact."""
+    src, dst = tmp_path / "src.bin", tmp_path / "model.safetensors"
+    sha = make_file(src, 4 * CHUNK)
+    real = os.copy_file_range
+
+    def damaging_copy(src_fd: int, dst_fd: int, count: int, src_at: int, dst_at: int) -> int:
+        copied = real(src_fd, dst_fd, count, src_at, dst_at)
+        if src_at == 0:
+            os.pwrite(dst_fd, b"\xff", 7)
+        return copied
+
+    monkeypatch.setattr(os, "copy_file_range", damaging_copy, raising=False)
+    with pytest.raises(IntegrityError, match=sha):
+        copy_verified(str(src), str(dst), expected_sha256=sha, chunk_size=CHUNK)
+    assert not dst.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_disk_full_in_the_kernel_copy_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    src, dst = tmp_path / "src.bin", tmp_path / "model.safetensors"
+    sha = make_file(src, 4 * CHUNK)
+    real = os.copy_file_range
+
+    def filling_copy(src_fd: int, dst_fd: int, count: int, src_at: int, dst_at: int) -> int:
+        if src_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src_fd, dst_fd, count, src_at, dst_at)
+
+    monkeypatch.setattr(os, "copy_file_range", filling_copy, raising=False)
+    with pytest.raises(KubetrainError, match="no space left") as caught:
+        copy_verified(str(src), str(dst), expected_sha256=sha, chunk_size=CHUNK)
+    assert not isinstance(caught.value, IntegrityError)
+    assert f"after {CHUNK} bytes" in str(caught.value)
+    assert not dst.exists()
+    assert leftovers(tmp_path) == []
 
 
 # -- interruption and resume ---------------------------------------------------------------------

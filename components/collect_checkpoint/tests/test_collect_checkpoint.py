@@ -95,3 +95,49 @@ def test_export_is_published_with_the_model_and_verifies(trained_checkpoints, tm
     assert verify_export(str(tmp_path / "model")) == tmp_path / "model" / "model.pt2"
     with pytest.raises(InvalidInput, match="export"):
         collect_checkpoint(str(trained_checkpoints[strategy]), str(tmp_path / "m2"), "onnx")
+
+
+def test_safetensors_header_check_agrees_with_safetensors(tmp_path):
+    """The numpy-free header check collect uses lists what safetensors lists, and refuses what
+    is not a safetensors file (the sha256 alone proves only that it is what the trainer wrote)."""
+    import json
+    import struct
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from kubetrain.components.collect_checkpoint.collect import safetensors_tensor_names
+
+    good = tmp_path / "good.safetensors"
+    tensors = {"b": np.zeros((2, 3), np.float32), "a": np.ones(5, np.int64), "e": np.zeros(0)}
+    save_file(tensors, str(good), metadata={"note": "kept"})
+    with safe_open(str(good), "np") as handle:
+        assert sorted(safetensors_tensor_names(good)) == sorted(handle.keys())
+
+    def header_file(name: str, header: object, data: bytes = b"") -> Path:
+        text = json.dumps(header).encode()
+        path = tmp_path / name
+        path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+        return path
+
+    entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    bad = [
+        tmp_path / "short",
+        header_file("not-an-object", [entry], b"\0" * 8),
+        header_file("no-offsets", {"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8),
+        header_file("gap", {"w": {**entry, "data_offsets": [4, 12]}}, b"\0" * 12),
+        header_file("overlap", {"w": entry, "v": {**entry, "data_offsets": [4, 12]}}, b"\0" * 12),
+        header_file("data-missing", {"w": entry}, b"\0" * 4),
+        header_file("data-trailing", {"w": entry}, b"\0" * 9),
+    ]
+    (tmp_path / "short").write_bytes(b"\1\0")
+    (tmp_path / "huge-length").write_bytes(struct.pack("<Q", 2**40) + b"{}")
+    bad.append(tmp_path / "huge-length")
+    (tmp_path / "not-json").write_bytes(struct.pack("<Q", 4) + b"{no}")
+    bad.append(tmp_path / "not-json")
+    for path in bad:
+        with pytest.raises(ValueError):
+            safetensors_tensor_names(path)
+        with pytest.raises(Exception), safe_open(str(path), "np") as handle:  # noqa: B017
+            handle.keys()  # safetensors refuses each of them too
+    assert safetensors_tensor_names(header_file("empty", {"__metadata__": {}})) == []

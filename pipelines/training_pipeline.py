@@ -9,8 +9,12 @@ from kubetrain.components.dataset_prep.component import dataset_prep
 from kubetrain.components.evaluate_model.component import evaluate_model
 from kubetrain.components.launch_trainjob.component import launch_trainjob
 from kubetrain.components.wait_trainjob.component import wait_trainjob
+from kubetrain.render.pod import NON_ROOT_UID, STORAGE_ENV_KEYS
 
 PIPELINE_NAME = "kubetrain-training"
+#: The Secret with the S3 endpoint and keys; optional everywhere, so a pipeline without object
+#: storage runs whether or not it exists.
+DEFAULT_STORAGE_SECRET = "kubetrain-storage"
 #: Where the launch and collect steps (and the TrainJob's nodes) mount the shared PVC.
 SHARED_MOUNT = "/mnt/shared"
 
@@ -43,7 +47,7 @@ def training_pipeline(
     shared_pvc: str = "kubetrain-shared",
     service_account: str = "",
     storage: str = "",
-    storage_secret: str = "",
+    storage_secret: str = DEFAULT_STORAGE_SECRET,
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
     [
@@ -106,6 +110,20 @@ def training_pipeline(
         dataset=prep.outputs["dataset"],
         threshold=accuracy_threshold,
     )
+    # The steps that read or write `storage` get its endpoint and keys by reference, as the
+    # TrainJob's nodes do (launch renders them into the job).
+    for task in (prep, collect, evaluate):
+        kubernetes.use_secret_as_env(
+            task,
+            secret_name=storage_secret,
+            secret_key_to_env={key: key for key in STORAGE_ENV_KEYS},
+            optional=True,
+        )
+    # Every step runs as our image's non-root user, enforced by the kubelet.
+    for task in (prep, launch, wait, collect, evaluate):
+        kubernetes.set_security_context(
+            task, run_as_user=NON_ROOT_UID, run_as_group=NON_ROOT_UID, run_as_non_root=True
+        )
     outputs = NamedTuple(  # noqa: UP014
         "PipelineOutputs",
         [

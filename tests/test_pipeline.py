@@ -14,6 +14,7 @@ from kfp.components import load_component_from_file
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kubetrain.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES, compile_all
+from kubetrain.render.pod import STORAGE_ENV_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,16 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
         "dataset_source",
     ):
         assert name in spec.root.input_definitions.parameters
+    # on a cluster: storage credentials by Secret name only (optional), and no step as root
+    platform = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for step in ("dataset-prep", "collect-checkpoint", "evaluate-model"):
+        (secret,) = platform[f"exec-{step}"]["secretAsEnv"]
+        assert secret["optional"] is True
+        assert secret["secretNameParameter"] == {"componentInputParameter": "storage_secret"}
+        assert [k["envVar"] for k in secret["keyToEnv"]] == list(STORAGE_ENV_KEYS)
+    for step in spec.root.dag.tasks:
+        context = platform[f"exec-{step}"]["securityContext"]
+        assert context == {"runAsUser": "10001", "runAsGroup": "10001", "runAsNonRoot": True}
     # no step reinstalls kfp at run time
     for executor in spec.deployment_spec["executors"].values():
         assert "pip install" not in " ".join(executor["container"]["command"])

@@ -594,5 +594,12 @@ def test_restarts_are_refused_beyond_what_the_runtime_allows(k8s):
     assert k8s.emulator.names("trainjobs") == set() and k8s.emulator.names("jobs") == set()
 
     allowed = make_spec(max_restarts=3, runtime=RuntimeRef("restarting", "TrainingRuntime"))
-    k8s.backend().launch(allowed)
-    assert k8s.emulator.names("trainjobs") == {"demo"}
+    warnings: list[str] = []
+    k8s.backend(warn=warnings.append).launch(allowed)
+    assert k8s.emulator.names("trainjobs") == {"demo"} and warnings == []
+    fewer = make_spec("fewer", max_restarts=1, runtime=RuntimeRef("restarting", "TrainingRuntime"))
+    k8s.backend(warn=warnings.append).launch(fewer)
+    assert warnings == [
+        "TrainingRuntime restarting restarts a failed job up to 3 times "
+        "(failurePolicy.maxRestarts); --max-restarts 1 cannot lower that"
+    ]

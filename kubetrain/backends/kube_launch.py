@@ -142,8 +142,11 @@ def _runtime_names(objects: KubeObjects, namespace: str) -> list[str]:
     return sorted(names)
 
 
-def check_runtime(objects: KubeObjects, spec: TrainJobSpec, namespace: str) -> None:
-    """The runtime the TrainJob refers to must exist; else say which ones do."""
+def check_runtime(
+    objects: KubeObjects, spec: TrainJobSpec, namespace: str, warn: Callable[[str], None]
+) -> None:
+    """The runtime the TrainJob refers to must exist (else say which ones do) and allow the
+    restarts the spec asks for."""
     runtime = spec.runtime
     cluster_scoped = runtime.kind == "ClusterTrainingRuntime"
     plural = "clustertrainingruntimes" if cluster_scoped else "trainingruntimes"
@@ -181,23 +184,30 @@ def check_runtime(objects: KubeObjects, spec: TrainJobSpec, namespace: str) -> N
         raise InvalidInput(
             "runtime", f"there is no {runtime.kind} named {runtime.name!r}{where}", fix
         ) from None
-    check_restarts(found, spec)
+    check_restarts(found, spec, warn)
 
 
-def check_restarts(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
+def check_restarts(
+    runtime: dict[str, Any], spec: TrainJobSpec, warn: Callable[[str], None]
+) -> None:
     """Restarts of a TrainJob are the runtime's JobSet ``failurePolicy.maxRestarts`` (Trainer
-    v2.3's runtimePatches cannot change it): refuse a job asking for more than it allows."""
-    if not spec.max_restarts:
-        return
+    v2.3's runtimePatches cannot change it): refuse a job asking for more than it allows, and
+    say so when it will restart more often than asked."""
     jobset = runtime.get("spec", {}).get("template", {}).get("spec", {})
     allowed = (jobset.get("failurePolicy") or {}).get("maxRestarts", 0)
+    if allowed > spec.max_restarts:
+        warn(
+            f"{spec.runtime.kind} {spec.runtime.name} restarts a failed job up to {allowed} "
+            f"times (failurePolicy.maxRestarts); --max-restarts {spec.max_restarts} cannot "
+            "lower that"
+        )
     if allowed < spec.max_restarts:
         raise InvalidInput(
             "max_restarts",
             f"{spec.max_restarts} restarts asked, but {spec.runtime.kind} {spec.runtime.name} "
             f"allows {allowed} (spec.template.spec.failurePolicy.maxRestarts)",
-            "use a runtime that allows them (runtimes/torch-ddp-cpu.yaml allows 3) or a lower "
-            "--max-restarts",
+            "use a runtime whose JobSet failurePolicy allows them (runtimes/README.md shows "
+            "how) or a lower --max-restarts",
         )
 
 

@@ -132,7 +132,7 @@ class KubernetesBackend:
             version = trainer_version(
                 self.objects, self.options.trainer_version, namespace, self.warn
             )
-            check_runtime(self.objects, spec, namespace)
+            check_runtime(self.objects, spec, namespace, self.warn)
         elif spec.max_restarts:
             raise InvalidInput(
                 "max_restarts",

@@ -42,10 +42,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 from typing import IO, Any
 
 from kubetrain import atomic
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
+from kubetrain.file_urls import is_plain_path
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ def copy_verified(
     or its size or sha256 is not the expected one, and :class:`KubetrainError` when the target
     cannot be written (e.g. its disk is full).
     """
-    from fsspec.core import url_to_fs
-
     expected = expected_sha256.strip().lower()
     if not _SHA256_RE.match(expected):
         raise InvalidInput(
@@ -101,8 +101,14 @@ def copy_verified(
         raise InvalidInput("chunk_size", f"{chunk_size} is not positive", "give a byte count > 0")
     options = dict(storage_options or {})
     started = time.monotonic()
-    src_fs, src_path = url_to_fs(source, **options)
-    dst_fs, dst_path = url_to_fs(target, **options)
+    if is_plain_path(source) and is_plain_path(target) and not options:
+        src_fs = dst_fs = _PlainFiles()
+        src_path, dst_path = os.path.abspath(source), os.path.abspath(target)
+    else:
+        from fsspec.core import url_to_fs
+
+        src_fs, src_path = url_to_fs(source, **options)
+        dst_fs, dst_path = url_to_fs(target, **options)
 
     # The target first: a retried step succeeds even if the source was cleaned up since.
     if _target_matches(dst_fs, dst_path, expected, expected_size, chunk_size):
@@ -142,7 +148,23 @@ def copy_verified(
 # -- reading -------------------------------------------------------------------------------------
 
 
+class _PlainFiles:
+    """The two filesystem calls a copy between plain local paths makes, so that it needs no
+    fsspec (whose import is most of a `kubetrain collect` process's start-up)."""
+
+    protocol = "file"
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Nothing is cached."""
+
+    def info(self, path: str) -> dict[str, Any]:
+        stat = os.stat(path)
+        return {"type": "directory" if S_ISDIR(stat.st_mode) else "file", "size": stat.st_size}
+
+
 def _is_local(fs: Any) -> bool:
+    if isinstance(fs, _PlainFiles):
+        return True
     from fsspec.implementations.local import LocalFileSystem
 
     return isinstance(fs, LocalFileSystem)

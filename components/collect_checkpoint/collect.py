@@ -49,7 +49,7 @@ def collect_checkpoint(
             f"checkpoint_dir {checkpoint_dir} does not exist; check --checkpoint-dir, and that "
             "the training job ran and wrote a checkpoint there"
         )
-    storage.resolve(output_dir, "output")  # refuse an unusable output before the work
+    storage.check_location(output_dir, "output")  # refuse an unusable output before the work
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is None:
         raise IntegrityError(

@@ -185,7 +185,7 @@ def _check_remote_output(url: str) -> str:
     """An object-storage prefix: empty, or a dataset that prep may replace."""
     from kubetrain import storage
 
-    storage.resolve(url, "output_dir")
+    storage.check_location(url, "output_dir")
     if storage.is_dir(url, "output_dir") and not storage.is_file(storage.join(url, MANIFEST)):
         raise InvalidInput(
             "output_dir",

@@ -52,11 +52,12 @@ def check_runtime(objects, namespace: str, runtime: str, runtime_kind: str) -> C
 
     spec = TrainJobSpec(name="doctor", command=("true",),
                         runtime=RuntimeRef(name=runtime, kind=runtime_kind))  # fmt: skip
+    notes: list[str] = []  # e.g. that the runtime restarts failed jobs
     try:
-        runtime_exists(objects, spec, namespace)
+        runtime_exists(objects, spec, namespace, notes.append)
     except KubetrainError as exc:
         return Check("runtime", False, str(exc))
-    return Check("runtime", True, f"{runtime_kind} {runtime} exists")
+    return Check("runtime", True, "; ".join([f"{runtime_kind} {runtime} exists", *notes]))
 
 
 def check_permissions(api_client, namespace: str) -> Check:

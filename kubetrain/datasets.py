@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kubetrain import storage
-from kubetrain.errors import IntegrityError
+from kubetrain.errors import IntegrityError, refusal_reason
 from kubetrain.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
@@ -106,6 +106,7 @@ def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
 
 def load_split(data_dir: storage.Location, split: str, verify: bool = True):
     """Return ``(x, y)`` torch tensors of one split, checked against the manifest's sha256."""
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
     data_dir = storage.dereference(data_dir)
@@ -117,8 +118,14 @@ def load_split(data_dir: storage.Location, split: str, verify: bool = True):
         )
     if verify:
         storage.verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
-    tensors = load(storage.read_bytes(storage.join(data_dir, entry["file"])))
-    x, y = tensors["x"], tensors["y"]
+    try:
+        tensors = load(storage.read_bytes(storage.join(data_dir, entry["file"])))
+        x, y = tensors["x"], tensors["y"]
+    except (SafetensorError, KeyError) as exc:
+        raise IntegrityError(
+            f"dataset {data_dir}: {entry['file']} is not a dataset split "
+            f"({refusal_reason(exc)}); prepare the dataset again with `kubetrain prep`"
+        ) from None
     if len(x) != entry["count"] or len(y) != entry["count"]:
         raise IntegrityError(
             f"dataset {data_dir}: split {split} has {len(x)} samples, "

@@ -25,6 +25,7 @@ from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
 from kubetrain.file_urls import file_url_path
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, read_model_card
+from kubetrain.safetensors_header import tensor_names
 
 POINTER = "PROMOTED"
 POINTER_FORMAT = "kubetrain.promoted/v1"
@@ -133,9 +134,17 @@ def _published_sha256(target: Path) -> str | None:
 
 
 def _publish_version(model: Path, card: dict[str, Any], target: Path) -> bool:
-    """Copy the model into a staging folder, verify the copy and rename it to ``target``; False
+    """Check the model is a safetensors file (a registry serves only those), copy it into a
+    staging folder, verify the copy and rename it to ``target``; False
     if ``target`` appeared meanwhile. A plain rename never replaces a non-empty folder (unlike
     ``atomic.publish_dir``), so a published version is never overwritten, even by a race."""
+    try:
+        tensor_names(model / MODEL_FILE)
+    except ValueError as exc:
+        raise IntegrityError(
+            f"model {model}: {MODEL_FILE} is not a safetensors file ({exc}); nothing was "
+            "promoted: collect the model again"
+        ) from None
     staged = atomic.staging_dir(target)
     try:
         shutil.copyfile(model / MODEL_FILE, staged / MODEL_FILE)

@@ -231,15 +231,20 @@ def test_evaluate_refuses_a_planted_model_file(collected, digits_dir, tmp_path, 
     refused(code, err, planted, marker)
 
 
-def test_promote_copies_a_planted_model_file_without_reading_it(collected, tmp_path, capsys):
-    """Promote never parses the model (it copies sha256-checked bytes), so nothing can run."""
+def test_promote_refuses_a_planted_model_file_without_unpickling_it(collected, tmp_path, capsys):
+    """Promote checks the safetensors header (never unpickles), so a pickle with a matching
+    sha256 in its card is refused and nothing reaches the registry."""
     model_dir = tmp_path / "model"
     shutil.copytree(collected, model_dir)
     marker = tmp_path / "ran"
     plant(model_dir, "model.safetensors", raw_pickle(marker), "model.json", "sha256")
-    registry = str(tmp_path / "registry")
-    cli(capsys, "promote", "--model", str(model_dir), "--registry", registry, "--version", "v1")
-    assert not marker.exists()
+    registry = tmp_path / "registry"
+    code, _, err = cli(
+        capsys, "promote", "--model", str(model_dir), "--registry", str(registry), "--version", "v1"
+    )
+    refused(code, err, "model.safetensors", marker)
+    assert "is not a safetensors file" in err
+    assert not registry.exists() or not any(registry.iterdir())
 
 
 def rewrite_archive(source: Path, target: Path, replace: dict[str, bytes]) -> None:
@@ -470,7 +475,12 @@ def test_the_shell_scanner_passes_an_argv(snippet: str) -> None:
 
 
 def python_files(root: str) -> Iterator[Path]:
-    yield from sorted((REPO / root).rglob("*.py"))
+    """Our Python files under ``root``: not the virtual environments and caches in hidden or
+    ignored folders (e.g. bench/.sdk-venv, which `make bench` creates)."""
+    for path in sorted((REPO / root).rglob("*.py")):
+        parts = path.relative_to(REPO).parts[:-1]
+        if not any(part.startswith(".") or part == "__pycache__" for part in parts):
+            yield path
 
 
 @pytest.mark.parametrize("root", ["kubetrain", "components", "pipelines", "bench"])

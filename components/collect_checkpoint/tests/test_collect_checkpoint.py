@@ -106,7 +106,7 @@ def test_safetensors_header_check_agrees_with_safetensors(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from kubetrain.components.collect_checkpoint.collect import safetensors_tensor_names
+    from kubetrain.safetensors_header import tensor_names as safetensors_tensor_names
 
     good = tmp_path / "good.safetensors"
     tensors = {"b": np.zeros((2, 3), np.float32), "a": np.ones(5, np.int64), "e": np.zeros(0)}

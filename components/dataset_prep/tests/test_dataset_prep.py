@@ -461,3 +461,22 @@ def test_kfp_component_runs_in_the_local_runner(tmp_path, monkeypatch):
     assert list(artifact.metadata["sample_shape"]) == [1, 8, 8]
     assert artifact.metadata["train_sha256"] == manifest["splits"]["train"]["sha256"]
     assert json.loads(Path(artifact.path, "manifest.json").read_text()) == manifest
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_split_file_that_is_not_safetensors_is_refused_naming_it(tmp_path, verify):
+    """Even with a manifest rewritten to match (so the sha256 check passes), a split file that
+    is no safetensors file, or lacks x/y, is an IntegrityError naming it, not a library error."""
+    import hashlib
+
+    from kubetrain.errors import IntegrityError
+
+    data = tmp_path / "digits"
+    prepare_dataset(DEFAULT_SOURCE, str(data))
+    manifest = read_manifest(data)
+    split_file = data / manifest["splits"]["test"]["file"]
+    split_file.write_bytes(b"not a safetensors file at all")
+    manifest["splits"]["test"]["sha256"] = hashlib.sha256(split_file.read_bytes()).hexdigest()
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match=rf"{split_file.name} is not a dataset split"):
+        load_split(data, "test", verify=verify)

@@ -11,6 +11,7 @@ from typing import Any
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError
+from kubetrain.training_choices import STRATEGIES
 
 FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"
@@ -18,7 +19,6 @@ MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 DCP_DIR = "dcp"
-STRATEGIES = ("ddp", "fsdp")
 _NAME = re.compile(r"epoch-(\d{6,})")
 _REQUIRED_KEYS = ("epoch", "step", "world_size", "strategy", "model", "metrics", "files")
 _PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}

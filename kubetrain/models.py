@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from kubetrain.errors import InvalidInput
+from kubetrain.training_choices import MODEL_FIX
 
-BUILTIN_MODELS = ("mlp", "cnn")
-MODEL_FIX = "use mlp, cnn or package.module:callable"
 HIDDEN = 128
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from kubetrain.errors import InvalidInput
+from kubetrain.training_choices import STRATEGIES, is_model_spec
 
 
 def split_param(pair: str, declared: Collection[str], owner: str) -> tuple[str, str]:
@@ -64,8 +65,6 @@ def _one_of(*choices: str) -> Rule:
     return Rule(lambda text: text in choices, f"one of {', '.join(choices)}", choices[0])
 
 
-#: The built-in models of kubetrain.models (which imports torch, so not imported here).
-MODELS = ("mlp", "cnn")
 # What the steps accept for the pipeline's and the workflow's parameters (kept literal: this
 # module is imported by `kubetrain --help`). A value a step would refuse is refused when the run
 # is submitted, before the steps before it spend time and write outputs.
@@ -80,8 +79,8 @@ VALUE_RULES: dict[str, Rule] = {
     "test_fraction": _number_in(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),
     "accuracy_threshold": _number_in(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
     "wait_timeout_seconds": _number_in(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
-    "model": Rule(lambda t: t in MODELS or ":" in t, "mlp, cnn or package.module:callable", "mlp"),
-    "strategy": _one_of("ddp", "fsdp"),
+    "model": Rule(is_model_spec, "mlp, cnn or package.module:callable", "mlp"),
+    "strategy": _one_of(*STRATEGIES),
     "backend": _one_of("local", "trainer", "job"),
     "on_cancel": _one_of("delete", "suspend"),
     "export": _one_of("none", "torch-export", "torchscript"),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kubetrain import atomic
 from kubetrain.errors import KubetrainError
+from kubetrain.training_choices import STRATEGIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--strategy",
         default="ddp",
-        choices=("ddp", "fsdp"),
+        choices=STRATEGIES,
         help="data-parallel strategy; default ddp",
     )
     parser.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")

@@ -12,13 +12,11 @@ from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec, Volume
 from kubetrain.names import derive_job_name, label_value, random_job_name
 from kubetrain.staging import stage_dataset
+from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
-STRATEGIES = ("ddp", "fsdp")
-# kubetrain.models.BUILTIN_MODELS, kept literal so that launching a job imports no torch.
-BUILTIN_MODELS = ("mlp", "cnn")
 
 
 @dataclass(frozen=True)
@@ -42,10 +40,8 @@ class TrainingOptions:
         if self.strategy not in STRATEGIES:
             raise InvalidInput("strategy", f"{self.strategy!r} is unknown", "use ddp or fsdp")
         # Checked here, not first in every node of a job that was already created.
-        if self.model not in BUILTIN_MODELS and ":" not in self.model:
-            raise InvalidInput(
-                "model", f"{self.model!r} is unknown", "use mlp, cnn or package.module:callable"
-            )
+        if not is_model_spec(self.model):
+            raise InvalidInput("model", f"{self.model!r} is unknown", MODEL_FIX)
         for field_name, location in (
             ("data", self.data_dir),
             ("checkpoint_dir", self.checkpoint_dir),

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from kubetrain import storage
 from kubetrain.errors import InvalidInput
-from kubetrain.models import BUILTIN_MODELS, MODEL_FIX
+from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
 PROG = "kubetrain.train"
 
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--strategy",
         default="ddp",
-        choices=("ddp", "fsdp"),
+        choices=STRATEGIES,
         help="ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); default: ddp",
     )
     add(
@@ -167,7 +167,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
             f"unknown dataset {args.dataset!r}",
             "use prepared or package.module:callable",
         )
-    if args.model not in BUILTIN_MODELS and ":" not in args.model:
+    if not is_model_spec(args.model):
         raise InvalidInput("--model", f"unknown model {args.model!r}", MODEL_FIX)
     if storage.is_file(args.checkpoint_dir, "--checkpoint-dir"):
         raise InvalidInput(

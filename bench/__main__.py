@@ -10,8 +10,17 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.core import Row, Settings, log
-from bench.figures import collect, launch, pipeline, scale, startup, throughput, wait
+from bench.core import FigureSkipped, Row, Settings, log
+from bench.figures import (
+    collect,
+    launch,
+    pipeline,
+    scale,
+    startup,
+    throughput,
+    throughput_gpu,
+    wait,
+)
 from bench.machine import machine_info
 from bench.report import write
 
@@ -20,6 +29,7 @@ FIGURES: dict[str, Callable[[Settings], list[Row]]] = {
     "B5": startup.measure,
     "B1b": launch.measure,
     "B3": throughput.measure,
+    "B3g": throughput_gpu.measure,
     "B4": collect.measure,
     "B1": pipeline.measure,
     "B2": wait.measure,
@@ -46,10 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for name in chosen:
         figure_started = time.perf_counter()
         try:
             rows += FIGURES[name](settings)
+        except FigureSkipped as reason:
+            skipped[name] = str(reason)
+            log(f"{name}: skipped: {reason}")
         except Exception as error:  # one broken figure must not lose the others
             traceback.print_exc()
             failures[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
@@ -59,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "failures": failures,
+        "skipped": skipped,
     }
     output_dir = args.output_dir or (QUICK_DIR if settings.quick else Path(__file__).parent)
     output_dir.mkdir(parents=True, exist_ok=True)

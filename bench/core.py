@@ -72,6 +72,10 @@ class CommandFailed(RuntimeError):
     pass
 
 
+class FigureSkipped(Exception):
+    """A figure this machine cannot measure (B3g without a GPU); the message says why."""
+
+
 def bench_env(**extra: str) -> dict[str, str]:
     """This environment with the venv's scripts first on PATH and quiet, unbuffered Python."""
     env = dict(os.environ)

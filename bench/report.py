@@ -53,6 +53,9 @@ def markdown(rows: list[Row], machine: dict[str, Any], meta: dict[str, Any]) -> 
         f"{machine['python']}, torch {machine['torch']}, kubetrain {machine['kubetrain']}. "
         f"Mode: {meta['mode']}; total bench time {meta['seconds']:.0f} s; {meta['when']}.",
     ]
+    if meta.get("skipped"):
+        lines += ["", "Figures skipped on this machine:", ""]
+        lines += [f"* {name}: {reason}" for name, reason in meta["skipped"].items()]
     if meta.get("failures"):
         lines += ["", "Figures that could not be measured:", ""]
         lines += [f"* {name}: {reason}" for name, reason in meta["failures"].items()]

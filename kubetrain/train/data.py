@@ -97,8 +97,24 @@ class BatchDataset(Dataset):
         return len(self.y)
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long)
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.x.device)
         return self.x[index], self.y[index]
+
+
+def on_device_if_it_fits(
+    x: torch.Tensor, y: torch.Tensor, device: torch.device, share: float = 0.25
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the train split to the GPU when it takes under ``share`` of the free memory.
+
+    Each batch is then one gather on the device: no host-side gather, pinning or copy per
+    step, which is what keeps a GPU busy on small images. Otherwise (and on CPU) x, y stay.
+    """
+    if device.type != "cuda":
+        return x, y
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    if x.nbytes + y.nbytes > free_bytes * share:
+        return x, y
+    return x.to(device), y.to(device)
 
 
 def train_loader(

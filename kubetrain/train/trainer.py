@@ -17,7 +17,7 @@ from kubetrain.checkpoint import (
 )
 from kubetrain.errors import InvalidInput
 from kubetrain.models import build_model
-from kubetrain.train.data import load_data, train_loader
+from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
 from kubetrain.train.loop import evaluate, train_epoch
 from kubetrain.train.options import TrainOptions
@@ -25,10 +25,14 @@ from kubetrain.train.progress import Reporter
 
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """AdamW, or SGD with momentum 0.9 (plain SGD is too slow to be a useful choice)."""
+    """AdamW, or SGD with momentum 0.9 (plain SGD is too slow to be a useful choice).
+
+    Fused kernels: one pass over all parameters instead of a chain of foreach ops, which
+    halves the optimizer's share of a small model's step (bench B3).
+    """
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=True)
+    return torch.optim.AdamW(params, lr=lr, fused=True)
 
 
 def _agreed_checkpoint(checkpoint_dir: str) -> str | None:
@@ -85,14 +89,15 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
             metrics = list(manifest["metrics"])
             reporter.line(f"resumed from {last}: epoch {manifest['epoch']} step {step}")
 
+    train_x, train_y = on_device_if_it_fits(data.train_x, data.train_y, runtime.device)
     loader, sampler = train_loader(
-        data.train_x,
-        data.train_y,
+        train_x,
+        train_y,
         batch_size=options.batch_size,
         rank=runtime.rank,
         world_size=runtime.world_size,
         seed=options.seed,
-        pin_memory=runtime.device.type == "cuda",
+        pin_memory=runtime.device.type == "cuda" and not train_x.is_cuda,
     )
     for epoch in range(first_epoch, options.epochs + 1):
         sampler.set_epoch(epoch)

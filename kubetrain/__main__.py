@@ -1,5 +1,3 @@
-import sys
+from kubetrain.cli import entrypoint
 
-from kubetrain.cli import main
-
-sys.exit(main())
+entrypoint()

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from kubetrain import __version__
 from kubetrain.errors import KubetrainError
+from kubetrain.process_exit import skip_exit_collection
 
 SUBCOMMAND_MODULES = (
     "kubetrain.components.dataset_prep.cli",
@@ -79,5 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entrypoint() -> None:
+    """The `kubetrain` console script: ``main``, then exit without the slow final collection."""
+    code = main()
+    skip_exit_collection()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entrypoint()

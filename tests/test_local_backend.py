@@ -124,6 +124,26 @@ def test_each_node_gets_exactly_the_trainer_pet_environment(local_root, tmp_path
         ) == ("3", "4", str(rank), "127.0.0.1")
 
 
+def _threads_seen(backend: LocalBackend, name: str, nodes: int, env: dict[str, str]) -> list[str]:
+    script = "import os; print(os.environ.get('OMP_NUM_THREADS', 'unset'))"
+    spec = TrainJobSpec(name=name, command=("python", "-c", script), num_nodes=nodes, env=env)
+    backend.launch(spec)
+    assert backend.wait(name, timeout=60).state == COMPLETE
+    return [next(backend.logs(name, node=rank)).strip() for rank in range(nodes)]
+
+
+def test_nodes_share_the_machines_cores_unless_threads_are_set(local_root, monkeypatch):
+    """Like pods with CPUs of their own: N nodes on one machine must not each take all cores."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    backend = LocalBackend()
+    cores = len(os.sched_getaffinity(0))
+    share = str(max(1, cores // 2))
+    assert _threads_seen(backend, "share-job", 2, {}) == [share, share]
+    assert _threads_seen(backend, "spec-job", 2, {"OMP_NUM_THREADS": "7"}) == ["7", "7"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert _threads_seen(backend, "user-job", 2, {}) == ["5", "5"]
+
+
 def test_a_node_exiting_3_fails_wait_with_code_3_and_its_last_lines(local_root, tmp_path):
     write_script(
         tmp_path,

@@ -35,6 +35,7 @@ def dataset_prep(
     """
     from kubetrain import storage as object_storage
     from kubetrain.components.dataset_prep.prep import prepare_dataset
+    from kubetrain.process_exit import skip_exit_collection
 
     output = object_storage.run_folder(storage, "datasets", run_name) if storage else dataset.path
     manifest = prepare_dataset(
@@ -58,3 +59,4 @@ def dataset_prep(
             "test_sha256": manifest["splits"]["test"]["sha256"],
         }
     )
+    skip_exit_collection()  # the step's process ends here: skip the exit scan of numpy/sklearn

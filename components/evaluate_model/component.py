@@ -23,6 +23,7 @@ def evaluate_model(
     from kubetrain.atomic import write_text
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
     from kubetrain.components.evaluate_model.evaluate import evaluation_report
+    from kubetrain.process_exit import skip_exit_collection
 
     result = evaluate(model.path, dataset.path, threshold=threshold)
     metrics.log_metric("accuracy", result.accuracy)
@@ -39,4 +40,5 @@ def evaluate_model(
         f"accuracy {result.accuracy:.3f} (threshold {threshold:g}): "
         f"{'passed' if result.passed else 'below threshold'}"
     )
+    skip_exit_collection()  # the step's process ends here: skip the exit scan of torch's objects
     return namedtuple("EvaluateOutputs", ["passed", "accuracy"])(result.passed, result.accuracy)

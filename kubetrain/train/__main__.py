@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from kubetrain.errors import KubetrainError
+from kubetrain.process_exit import skip_exit_collection
 from kubetrain.train.distributed import init_runtime, shutdown
 from kubetrain.train.options import PROG, parse_options
 from kubetrain.train.progress import make_reporter
@@ -32,4 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    skip_exit_collection()
+    sys.exit(exit_code)

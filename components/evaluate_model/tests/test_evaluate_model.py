@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
-from kubetrain.components.evaluate_model.evaluate import evaluate_model
+from kubetrain.components.evaluate_model.evaluate import evaluate_model, per_class_counts
 from kubetrain.errors import IntegrityError, InvalidInput
 
 
@@ -29,6 +29,25 @@ def test_scores_the_test_split(model_dir, digits_dir):
     assert sum(matrix[i][i] for i in range(10)) / 360 == pytest.approx(result.accuracy)
     assert len(result.precision) == len(result.recall) == 10
     assert result.loss > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_per_class_counts_agree_with_sklearn(seed):
+    """Including classes never predicted and never present (precision/recall 0, not NaN)."""
+    import numpy as np
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 5, size=200)  # classes 5 and 6: never present, never predicted
+    predicted = np.where(rng.random(200) < 0.7, truth, rng.integers(0, 4, size=200))
+    labels = list(range(7))
+    matrix, precision, recall = per_class_counts(truth, predicted, 7)
+    assert matrix == confusion_matrix(truth, predicted, labels=labels).tolist()
+    want_p, want_r, _, _ = precision_recall_fscore_support(
+        truth, predicted, labels=labels, zero_division=0
+    )
+    assert precision == pytest.approx(want_p.tolist()) and recall == pytest.approx(want_r.tolist())
+    assert precision[5:] == recall[5:] == [0.0, 0.0]
 
 
 def test_threshold_above_accuracy_does_not_pass(model_dir, digits_dir):

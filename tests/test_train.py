@@ -24,7 +24,7 @@ from kubetrain.checkpoint import (
 from kubetrain.errors import InvalidInput
 from kubetrain.models import build_model
 from kubetrain.train.__main__ import main
-from kubetrain.train.data import eval_batches, load_data
+from kubetrain.train.data import BatchDataset, TensorBatches, eval_batches, load_data
 from kubetrain.train.distributed import Runtime
 from kubetrain.train.loop import train_epoch
 from kubetrain.train.progress import SilentReporter
@@ -323,6 +323,30 @@ def test_eval_batches_count_each_sample_once_in_lockstep(total: int, world_size:
             counted += yb[weight > 0].tolist()
     assert sorted(counted) == list(range(total))
     assert len(batch_counts) == 1  # every rank runs the same number of forwards
+
+
+@pytest.mark.parametrize("total", [1, 10, 37])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_tensor_batches_are_the_data_loaders_batches(total: int, world_size: int) -> None:
+    """The batches of data held where the model computes are, epoch by epoch, those of the
+    pinned DataLoader path (host data for a GPU): both follow the same DistributedSampler."""
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+    x, y = torch.randn(total, 3), torch.arange(total)
+    for rank in range(world_size):
+        sampler = DistributedSampler(
+            BatchDataset(x, y), num_replicas=world_size, rank=rank, shuffle=True, seed=5
+        )
+        batches = TensorBatches(x, y, sampler, batch_size=4)
+        loader = DataLoader(
+            BatchDataset(x, y), sampler=BatchSampler(sampler, 4, drop_last=False), batch_size=None
+        )
+        for epoch in (1, 2):
+            sampler.set_epoch(epoch)
+            ours, theirs = list(batches), list(loader)
+            assert len(ours) == len(batches) == len(theirs) == len(loader)
+            for (xa, ya), (xb, yb) in zip(ours, theirs, strict=True):
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 @pytest.mark.parametrize("shape", [[1, 8, 8], [1, 28, 28], [3, 32, 32]])

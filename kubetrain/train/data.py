@@ -1,13 +1,13 @@
 """Training data held as in-memory tensors and served a whole batch at a time.
 
-Indexing one sample at a time and collating costs more than the small models we train, so the
-sampler yields index lists and the dataset answers each list with one tensor gather.
+Indexing one sample at a time and collating costs more than the small models we train, so
+each batch is one tensor gather by a list of the sampler's indices.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +97,31 @@ class BatchDataset(Dataset):
         return len(self.y)
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long, device=self.x.device)
+        index = torch.as_tensor(indices, dtype=torch.long)
         return self.x[index], self.y[index]
+
+
+class TensorBatches:
+    """This rank's shuffled batches of (x, y) held where the model computes.
+
+    The epoch's indices are moved to x's device once, and each batch is one gather there:
+    on a GPU no step waits on a host-to-device copy (PyTorch synchronises the stream after
+    each one from pageable memory), and on CPU no DataLoader machinery runs per step.
+    """
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, sampler: DistributedSampler, batch_size: int
+    ) -> None:
+        self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.x.device)
+        for start in range(0, len(order), self.batch_size):
+            index = order[start : start + self.batch_size]
+            yield self.x[index], self.y[index]
 
 
 def on_device_if_it_fits(
@@ -125,19 +148,23 @@ def train_loader(
     rank: int,
     world_size: int,
     seed: int,
-    pin_memory: bool,
-) -> tuple[DataLoader, DistributedSampler]:
+    device: torch.device,
+) -> tuple[Iterable[tuple[torch.Tensor, torch.Tensor]], DistributedSampler]:
     """This rank's shuffled shard, batched; call ``sampler.set_epoch`` before each epoch.
 
     DistributedSampler pads the shards to equal length, so every rank runs the same number
-    of steps, which DDP and FSDP collectives require.
+    of steps, which DDP and FSDP collectives require. Data already where the model computes
+    is served by ``TensorBatches``; host data for a GPU goes through a DataLoader that pins
+    each batch, so that its copy to the device does not block.
     """
     dataset = BatchDataset(x, y)
     sampler = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
     )
+    if x.device == device or device.type == "cpu":
+        return TensorBatches(x, y, sampler, batch_size), sampler
     batches = BatchSampler(sampler, batch_size=batch_size, drop_last=False)
-    loader = DataLoader(dataset, sampler=batches, batch_size=None, pin_memory=pin_memory)
+    loader = DataLoader(dataset, sampler=batches, batch_size=None, pin_memory=True)
     return loader, sampler
 
 

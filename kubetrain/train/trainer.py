@@ -97,7 +97,7 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
         rank=runtime.rank,
         world_size=runtime.world_size,
         seed=options.seed,
-        pin_memory=runtime.device.type == "cuda" and not train_x.is_cuda,
+        device=runtime.device,
     )
     for epoch in range(first_epoch, options.epochs + 1):
         sampler.set_epoch(epoch)

@@ -217,8 +217,15 @@ def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
     model: dict[str, torch.Tensor] = {}
     for key, entry in metadata.state_dict_metadata.items():
         path = metadata.planner_data.get(key, ()) if metadata.planner_data else ()
-        if len(path) == 2 and path[0] == "model" and isinstance(entry, TensorStorageMetadata):
-            model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
+        if len(path) != 2 or path[0] != "model":
+            continue
+        if not isinstance(entry, TensorStorageMetadata):  # skipping it would drop a weight
+            raise IntegrityError(
+                f"checkpoint {dcp_path}: model entry {path[1]} is stored as "
+                f"{type(entry).__name__}, not a tensor; refused unread, use a checkpoint "
+                "written by kubetrain.train"
+            )
+        model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     if not model:
         raise IntegrityError(f"checkpoint {dcp_path}: its DCP checkpoint has no model")
     _dcp_load({"model": model}, dcp_path, no_dist=True)

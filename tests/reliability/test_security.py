@@ -191,11 +191,10 @@ def test_resume_refuses_a_planted_checkpoint_file(
     refused(code, err, planted, marker)
 
 
-def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
-    checkpoints, digits_dir, tmp_path, capsys
-) -> None:
-    """Well-formed metadata (only allowed classes) marking a model tensor as a bytes entry:
-    DCP's default planner would ``torch.load(weights_only=False)`` the bytes it points at."""
+def plant_bytes_entry(epoch: Path, marker: Path) -> str:
+    """Well-formed DCP metadata (only allowed classes) marking a model tensor as a bytes entry
+    that points at a planted pickle: DCP's default planner would
+    ``torch.load(weights_only=False)`` it. Returns the entry's name."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
         BytesStorageMetadata,
@@ -203,8 +202,6 @@ def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
         TensorStorageMetadata,
     )
 
-    epoch = copy_checkpoint(checkpoints, "fsdp", tmp_path)
-    marker = tmp_path / "ran"
     payload = torch_pickle(marker)
     plant(epoch, "dcp/planted.distcp", payload, "manifest.json", "files")
     metadata = pickle.loads((epoch / "dcp" / ".metadata").read_bytes())  # ours: trusted
@@ -217,9 +214,33 @@ def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
     metadata.storage_data = {k: v for k, v in metadata.storage_data.items() if k.fqn != fqn}
     metadata.storage_data[MetadataIndex(fqn)] = _StorageInfo("planted.distcp", 0, len(payload))
     plant(epoch, "dcp/.metadata", pickle.dumps(metadata), "manifest.json", "files")
+    return fqn
+
+
+def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
+    checkpoints, digits_dir, tmp_path, capsys
+) -> None:
+    epoch = copy_checkpoint(checkpoints, "fsdp", tmp_path)
+    marker = tmp_path / "ran"
+    fqn = plant_bytes_entry(epoch, marker)
     code, err = resume(capsys, epoch.parent, digits_dir)
     refused(code, err, epoch / "dcp", marker)
     assert fqn in err
+
+
+def test_collect_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
+    checkpoints, tmp_path, capsys
+) -> None:
+    """Not skipped (which would publish a model missing a weight): refused, naming it."""
+    epoch = copy_checkpoint(checkpoints, "fsdp", tmp_path)
+    marker = tmp_path / "ran"
+    fqn = plant_bytes_entry(epoch, marker)
+    output = tmp_path / "m"
+    code, _, err = cli(
+        capsys, "collect", "--checkpoint-dir", str(epoch.parent), "--output", str(output)
+    )
+    refused(code, err, epoch / "dcp", marker)
+    assert fqn.removeprefix("model.") in err and not output.exists()
 
 
 def test_evaluate_refuses_a_planted_model_file(collected, digits_dir, tmp_path, capsys) -> None:

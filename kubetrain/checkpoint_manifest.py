@@ -4,18 +4,17 @@ without importing it: torch alone is ~220 MiB of a process's memory)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError
+from kubetrain.format_manifest import MANIFEST, read_format_manifest
 from kubetrain.training_choices import STRATEGIES
 
 FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"
-MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 DCP_DIR = "dcp"
@@ -36,25 +35,14 @@ def checkpoint_name(epoch: int) -> str:
 
 def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
     """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed."""
-    try:
-        text = storage.read_text(storage.join(ckpt_path, MANIFEST))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise IntegrityError(
-            f"checkpoint {ckpt_path}: no {MANIFEST}, so it is not a complete checkpoint; "
-            "use the folder that CKPT_DIR/LATEST names"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} is unreadable ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise IntegrityError(
-            f"checkpoint {ckpt_path}: format {found!r} is not {FORMAT!r}; "
-            "it was not written by kubetrain.train"
-        )
+    manifest = read_format_manifest(
+        ckpt_path,
+        FORMAT,
+        what=f"checkpoint {ckpt_path}",
+        if_missing=", so it is not a complete checkpoint; use the folder that CKPT_DIR/LATEST "
+        "names",
+        if_foreign="it was not written by kubetrain.train",
+    )
     missing = [key for key in _REQUIRED_KEYS if key not in manifest]
     if missing:
         raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} lacks {', '.join(missing)}")

@@ -20,11 +20,11 @@ import numpy as np
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, refusal_reason
+from kubetrain.format_manifest import MANIFEST, read_format_manifest
 from kubetrain.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
 SPLITS = ("train", "test")
-MANIFEST = "manifest.json"
 
 
 def write_dataset(
@@ -85,23 +85,13 @@ def _write_staged(
 def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
     """The manifest of a dataset folder, or of the one a pointer folder names."""
     data_dir = storage.dereference(data_dir)
-    try:
-        text = storage.read_text(storage.join(data_dir, MANIFEST))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise IntegrityError(
-            f"dataset {data_dir}: no {MANIFEST}; "
-            "point --data at a folder written by `kubetrain prep`"
-        ) from None
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise IntegrityError(f"dataset {data_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
-    if manifest.get("format") != FORMAT:
-        raise IntegrityError(
-            f"dataset {data_dir}: format {manifest.get('format')!r} is not {FORMAT!r}; "
-            "re-run `kubetrain prep`"
-        )
-    return manifest
+    return read_format_manifest(
+        data_dir,
+        FORMAT,
+        what=f"dataset {data_dir}",
+        if_missing="; point --data at a folder written by `kubetrain prep`",
+        if_foreign="re-run `kubetrain prep`",
+    )
 
 
 def load_split(data_dir: storage.Location, split: str, verify: bool = True):

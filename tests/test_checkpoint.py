@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import textwrap
 from pathlib import Path
@@ -15,7 +14,6 @@ from kubetrain.checkpoint import (
     latest_checkpoint,
     load_full_state_dict,
     load_model,
-    read_manifest,
     restore_checkpoint,
     save_checkpoint,
     verify_checkpoint,
@@ -119,17 +117,6 @@ def test_latest_checkpoint_skips_incomplete_and_hidden_folders(tmp_path: Path) -
     assert latest_checkpoint(tmp_path) == good
     (tmp_path / "LATEST").unlink()
     assert latest_checkpoint(tmp_path) == good
-
-
-def test_read_manifest_names_the_folder_when_missing_or_invalid(tmp_path: Path) -> None:
-    with pytest.raises(IntegrityError, match=str(tmp_path)):
-        read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text("[1, 2")
-    with pytest.raises(IntegrityError, match="unreadable"):
-        read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": "something/v9"}))
-    with pytest.raises(IntegrityError, match="something/v9"):
-        read_manifest(tmp_path)
 
 
 def test_flipped_byte_in_model_file_is_caught_and_named(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import zipfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -60,21 +61,25 @@ def _serialize(model: torch.nn.Module, kind: ExportKind, sample: torch.Tensor) -
     return buffer.getvalue()
 
 
+_WEIGHTS_ONLY_ENV = threading.RLock()
+
+
 @contextlib.contextmanager
 def _weights_only_torch_load() -> Iterator[None]:
     """Every ``torch.load`` inside as ``weights_only=True`` (torch reads the variable on each
     call): ``torch.export.load`` retries its sample inputs, and loads pickled weights, with
     ``weights_only=False``, which runs whatever code a planted archive names."""
     names = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    saved = {name: os.environ.pop(name, None) for name in names}
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None)
-            if value is not None:
-                os.environ[name] = value
+    with _WEIGHTS_ONLY_ENV:  # the environment is the process's: one setter at a time
+        saved = {name: os.environ.pop(name, None) for name in names}
+        os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                os.environ.pop(name, None)
+                if value is not None:
+                    os.environ[name] = value
 
 
 def _refuse_pickled_objects(data: bytes, what: str) -> None:

@@ -133,3 +133,32 @@ def test_bad_input_is_refused(tmp_path):
         export_model(model_dir, "onnx")  # type: ignore[arg-type]
     with pytest.raises(IntegrityError, match="export it first"):
         verify_export(model_dir)
+
+
+def test_concurrent_weights_only_loads_leave_the_environment_as_it_was(monkeypatch):
+    """The forced weights-only setting is process-wide: threads loading at once must not
+    leave it set (or unset) when they are done, whatever order they finish in."""
+    import os
+    import threading
+    import time
+
+    from kubetrain.export import _weights_only_torch_load
+
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+    seen: list[str | None] = []
+
+    def load(delay: float) -> None:
+        with _weights_only_torch_load():
+            seen.append(os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD"))
+            time.sleep(delay)
+
+    threads = []
+    for index in range(4):  # each enters while the one before is still inside
+        threads.append(threading.Thread(target=load, args=(0.05 - 0.01 * index,)))
+        threads[-1].start()
+        time.sleep(0.01)
+    for thread in threads:
+        thread.join()
+    assert seen == ["1"] * 4
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ

@@ -15,7 +15,6 @@ importing it costs about 0.09 s, paid by every step's process on every run.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 from kubetrain import atomic
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.file_urls import file_url_path, protocol_of
-from kubetrain.integrity import CHUNK_BYTES, sha256_file
+from kubetrain.integrity import chunks_of, sha256_file, sha256_of_chunks
 from kubetrain.streaming_copy import copy_verified
 
 if TYPE_CHECKING:
@@ -230,11 +229,8 @@ def sha256(location: Location) -> str:
     """sha256 of a file, read in chunks so memory stays bounded."""
     if is_local(location):
         return sha256_file(local_path(location))
-    digest = hashlib.sha256()
     with open_file(location) as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_of_chunks(chunks_of(handle))
 
 
 def folder_digests(root: Location, exclude: tuple[str, ...] = ()) -> dict[str, str]:

@@ -48,6 +48,7 @@ from typing import IO, Any
 from kubetrain import atomic
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
 from kubetrain.file_urls import is_plain_path
+from kubetrain.integrity import sha256_of_chunks
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +206,7 @@ def _read_chunks(fs: Any, path: str, offset: int, chunk_size: int) -> Iterator[b
 
 
 def _hash_file(fs: Any, path: str, chunk_size: int) -> str:
-    digest = hashlib.sha256()
-    for chunk in _read_chunks(fs, path, 0, chunk_size):
-        digest.update(chunk)
-    return digest.hexdigest()
+    return sha256_of_chunks(_read_chunks(fs, path, 0, chunk_size))
 
 
 def _target_matches(fs: Any, path: str, expected: str, size: int | None, chunk_size: int) -> bool:

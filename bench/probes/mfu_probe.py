@@ -55,7 +55,12 @@ def training_flops_per_sample(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cuda", "cpu"),
+        help="cuda or cpu: measure there; auto: only report how many GPUs are visible",
+    )
     parser.add_argument("--model", help="a model spec, as for kubetrain.train --model")
     parser.add_argument("--sample-shape", type=int, nargs="+", default=[3, 32, 32])
     parser.add_argument("--num-classes", type=int, default=10)
@@ -63,11 +68,12 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, default=8192)
     args = parser.parse_args()
 
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    report: dict[str, object] = {"cuda_devices": torch.cuda.device_count() if cuda else 0}
-    if args.device == "auto" and not cuda:
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    report: dict[str, object] = {"cuda_devices": visible}
+    if args.device == "auto":  # only the question whether there is a GPU to measure on
         print(json.dumps(report))
         return
+    cuda = args.device == "cuda"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     report["device_name"] = torch.cuda.get_device_name(device) if cuda else "cpu"
     report["peak_dtype"] = "bfloat16" if cuda else "float32"

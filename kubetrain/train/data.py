@@ -161,7 +161,7 @@ def train_loader(
     sampler = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
     )
-    if x.device == device or device.type == "cpu":
+    if x.device == device:  # on CPU always; on a GPU when on_device_if_it_fits moved it
         return TensorBatches(x, y, sampler, batch_size), sampler
     batches = BatchSampler(sampler, batch_size=batch_size, drop_last=False)
     loader = DataLoader(dataset, sampler=batches, batch_size=None, pin_memory=True)

@@ -51,9 +51,9 @@ def train_epoch(
     steps = 0
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for index, (x_cpu, y_cpu) in enumerate(batches):
-        x = x_cpu.to(device, non_blocking=True)
-        y = y_cpu.to(device, non_blocking=True)
+    for index, (x_batch, y_batch) in enumerate(batches):
+        x = x_batch.to(device, non_blocking=True)  # a no-op for batches already there
+        y = y_batch.to(device, non_blocking=True)
         group_start = index - index % grad_accum_steps
         group_size = min(grad_accum_steps, num_batches - group_start)
         last_in_group = index - group_start == group_size - 1

@@ -28,6 +28,14 @@ class JobNotFound(KubetrainError):
     """No job of that name on the backend (``kubetrain delete --ignore-not-found`` accepts it)."""
 
 
+class JobStalled(KubetrainError):
+    """A running job made no progress (no log line, no checkpoint) for ``--stall-timeout``
+    seconds: a stopped or hung rank, reported instead of waiting out torch's 30-minute
+    collective timeout. The job was stopped as a cancelled wait stops it."""
+
+    exit_code = 3
+
+
 class IntegrityError(KubetrainError):
     """Stored data (a dataset or a checkpoint) is missing, incomplete or corrupt."""
 

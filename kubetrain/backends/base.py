@@ -65,9 +65,15 @@ class Backend(Protocol):
     def status(self, name: str) -> JobStatus: ...
 
     def wait(
-        self, name: str, timeout: float | None, on_log_line: Callable[[str], None] | None
+        self,
+        name: str,
+        timeout: float | None,
+        on_log_line: Callable[[str], None] | None,
+        stall_timeout: float | None = None,
     ) -> JobStatus:
-        """Follow the job to Complete or Failed, passing rank-0 log lines as they come."""
+        """Follow the job to Complete or Failed, passing rank-0 log lines as they come; raise
+        ``JobStalled`` (after stopping the job as a cancel would) when a running job shows no
+        progress for ``stall_timeout`` seconds (None: never)."""
 
     def logs(self, name: str, node: int | None, follow: bool) -> Iterator[str]: ...
 

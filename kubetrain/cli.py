@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from kubetrain import __version__
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import report_failure
 from kubetrain.process_exit import skip_exit_collection
 
 SUBCOMMAND_MODULES = (
@@ -70,14 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand behind the error boundary: whatever it raises ends as ONE line
+    ``kubetrain CMD: error: ...`` (``kubetrain.errors.report_failure``: a disk full, a
+    read-only or missing path, corrupt JSON/YAML, out of memory each name the path and the
+    fix; a bug says "internal error"); KUBETRAIN_DEBUG=1 prints the traceback too."""
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0
-    except KubetrainError as exc:
-        print(f"kubetrain {args.subcommand}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        return report_failure(f"kubetrain {args.subcommand}", exc)
 
 
 def entrypoint() -> None:

@@ -15,7 +15,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import KubetrainError, reading
 
 T = TypeVar("T")
 
@@ -179,10 +179,16 @@ def load_api_client() -> kubernetes.client.ApiClient:
         if in_cluster and not os.environ.get("KUBECONFIG"):
             kubernetes.config.load_incluster_config(client_configuration=config)
         else:
-            # Read KUBECONFIG now: the client reads it once, when it is imported.
-            kubernetes.config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=config
+            # Read KUBECONFIG now: the client reads it once, when it is imported. A file that
+            # is not a kubeconfig (corrupt YAML, another shape) is named by the CLI's boundary.
+            config_file = os.environ.get("KUBECONFIG") or None
+            location = config_file or os.path.expanduser(
+                kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION
             )
+            with reading(location):
+                kubernetes.config.load_kube_config(
+                    config_file=config_file, client_configuration=config
+                )
     except (kubernetes.config.ConfigException, OSError) as exc:
         raise KubetrainError(
             f"no Kubernetes configuration: {exc}; set KUBECONFIG to a kubeconfig file, or run "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import report_failure
 from kubetrain.process_exit import skip_exit_collection
 from kubetrain.train.distributed import init_runtime, shutdown
 from kubetrain.train.options import PROG, parse_options
@@ -13,19 +13,23 @@ from kubetrain.train.trainer import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Validate options before joining the process group, so bad input fails fast on all ranks."""
+    """Validate options before joining the process group, so bad input fails fast on all ranks;
+    every error ends as one line (``kubetrain.errors.report_failure``)."""
     reporter = None
+    checkpoint_dir = None
     try:
         options = parse_options(argv)
+        checkpoint_dir = str(options.checkpoint_dir)
         runtime = init_runtime(options.device)
         reporter = make_reporter(runtime.is_main)
         run(options, runtime, reporter)
         return 0
-    except KubetrainError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # One line, the node log's last: a disk full while checkpointing names the checkpoint
+        # folder ("No space left on device"), which `wait`'s failure report quotes.
+        return report_failure(PROG, exc, output=checkpoint_dir)
     finally:
         if reporter is not None:
             reporter.close()

@@ -1,0 +1,212 @@
+"""One error boundary: whatever a command meets (a full, read-only or foreign filesystem, a
+path through a file, out of memory, a corrupt kubeconfig) ends as ONE stderr line
+``kubetrain CMD: error: PATH: PROBLEM; FIX`` naming the path, never a traceback.
+
+Real faults where the machine allows them (a tiny tmpfs for a full disk, a read-only tmpfs,
+a file in the path, a folder where a file goes); the rest of the errno table (permission
+denied cannot happen to root) through the lowest OS call of a real command (``os.replace``,
+where every publish ends).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from kubetrain import cli
+from kubetrain.errors import DEBUG_ENV, OS_ERROR_FIXES
+from kubetrain.testing.tiny_filesystem import (
+    run_python_on_tiny_filesystem,
+    tiny_filesystem_available,
+)
+
+PREP = ["prep", "--source", "sklearn:iris"]
+CLI_PROGRAM = "import sys; from kubetrain.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def assert_one_line(stderr: str, command: str, *expected: str) -> str:
+    """stderr is exactly one line ``kubetrain COMMAND: error: ...`` holding ``expected``."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"not one line:\n{stderr}"
+    line = lines[0]
+    assert line.startswith(f"kubetrain {command}: error: "), line
+    assert "Traceback" not in stderr
+    for text in expected:
+        assert text in line, f"{text!r} not in {line!r}"
+    return line
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    code = cli.main(argv)
+    return code, capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- real faults
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    ("mount_options", "expected"),
+    [
+        # digits (~0.5 MB of float32) cannot fit in 16 KiB
+        ("16k", ["No space left on device", OS_ERROR_FIXES[errno.ENOSPC]]),
+        # prep may refuse it up front (exit 2) or meet EROFS: one line naming it either way
+        ("1m,ro", []),
+    ],
+    ids=["disk-full", "read-only"],
+)
+def test_a_full_or_read_only_filesystem_is_one_line_naming_the_output(
+    tmp_path, mount_options, expected
+):
+    mount_point = tmp_path / "mnt"
+    mount_point.mkdir()
+    if not tiny_filesystem_available(mount_point):
+        pytest.skip("no unprivileged mount namespace on this host")
+    output = mount_point / "dataset"
+    code = CLI_PROGRAM
+    run = run_python_on_tiny_filesystem(
+        mount_point,
+        mount_options,
+        ["-c", code, "prep", "--source", "sklearn:digits", "--output", str(output)],
+    )
+    assert run.returncode in (1, 2), run.stderr
+    assert_one_line(run.stderr, "prep", str(mount_point), *expected)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    "mount_options", ["64k", "200k", "1m,ro"], ids=["model", "optimizer", "ro"]
+)
+def test_a_disk_full_while_checkpointing_ends_the_node_log_with_the_folder(
+    tmp_path, digits_dir, mount_options
+):
+    """The trainer's last stderr line (what `wait` quotes) says why and where: 64 KiB fills
+    while writing the model (safetensors: "os error 28"), 200 KiB while writing the optimizer
+    (torch: "iostream error", no errno), and a read-only folder refuses the first write."""
+    mount_point = tmp_path / "mnt"
+    mount_point.mkdir()
+    if not tiny_filesystem_available(mount_point):
+        pytest.skip("no unprivileged mount namespace on this host")
+    checkpoint_dir = mount_point / "checkpoints"
+    env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["-m", "kubetrain.train", "--data", str(digits_dir), "--epochs", "1"]
+    run = run_python_on_tiny_filesystem(
+        mount_point, mount_options, [*args, "--checkpoint-dir", str(checkpoint_dir)], env=env
+    )
+    assert run.returncode != 0, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in run.stderr, run.stderr
+    assert last.startswith("kubetrain.train: error: "), last
+    assert str(mount_point) in last, last
+    if "ro" not in mount_options:
+        assert "No space left on device" in last, last
+        assert "epoch 1/1" in run.stdout, "the fault struck while checkpointing, after training"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_an_output_path_through_a_file_is_one_line(tmp_path, capsys, depth):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    output = blocker.joinpath(*["sub"] * depth, "dataset")
+    code, err = run_cli(capsys, [*PREP, "--output", str(output)])
+    assert code != 0
+    assert_one_line(err, "prep", str(blocker))
+    assert blocker.read_text() == "x"
+
+
+@pytest.mark.fault
+def test_an_output_parameter_that_is_a_folder_is_one_line(tmp_path, capsys):
+    parameters = tmp_path / "parameters"
+    (parameters / "dataset_dir").mkdir(parents=True)
+    argv = [*PREP, "--output", str(tmp_path / "data"), "--output-parameters", str(parameters)]
+    code, err = run_cli(capsys, argv)
+    assert code == 1
+    assert_one_line(err, "prep", str(parameters / "dataset_dir"), "directory")
+
+
+# ------------------------------------------------------- every errno, at the lowest OS call
+@pytest.mark.fault
+@pytest.mark.parametrize("code", sorted(OS_ERROR_FIXES), ids=errno.errorcode.get)
+def test_every_os_error_of_a_publish_is_one_line_with_its_fix(tmp_path, capsys, monkeypatch, code):
+    """os.replace fails as the kernel would (errno, strerror, both paths): the line names the
+    path, the kernel's words and the fix for that errno."""
+    real_replace = os.replace
+    struck: list[str] = []
+
+    def failing_replace(src, dst, *args, **kwargs):
+        if "dataset" in str(dst):
+            struck.append(str(dst))
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    output = tmp_path / "dataset"
+    exit_code, err = run_cli(capsys, [*PREP, "--output", str(output)])
+    assert struck, "the fault did not strike"
+    assert exit_code == 1
+    assert_one_line(err, "prep", str(output), os.strerror(code), OS_ERROR_FIXES[code])
+
+
+@pytest.mark.fault
+def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(np, "unique", no_memory)
+    exit_code, err = run_cli(capsys, [*PREP, "--output", str(tmp_path / "d")])
+    assert exit_code == 1
+    assert_one_line(err, "prep", "out of memory", "--memory")
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_traceback_comes_with_the_debug_variable(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    code, err = run_cli(capsys, [*PREP, "--output", str(blocker / "dataset")])
+    assert code != 0
+    assert "Traceback" in err
+    assert err.strip().splitlines()[-1].startswith("kubetrain prep: error: ")
+
+
+def test_a_bug_is_reported_as_an_internal_error_not_hidden(tmp_path, capsys, monkeypatch):
+    from kubetrain.components.dataset_prep import prep
+
+    def buggy(**options):
+        return 1 / 0
+
+    monkeypatch.setattr(prep, "prepare_dataset", buggy)
+    code, err = run_cli(capsys, [*PREP, "--output", str(tmp_path / "d")])
+    assert code == 1
+    assert_one_line(err, "prep", "internal error", "ZeroDivisionError", DEBUG_ENV)
+
+
+# ----------------------------------------------------------- corrupt or foreign kubeconfig
+KUBECONFIG_CONTENTS = {
+    "truncated-json": b'{"apiVersion": "v1", "clusters": [',
+    "unclosed-yaml": b"clusters: [a",
+    "binary": b"\xff\xfe\x00\x01",
+    "a-list": b"[]",
+    "a-string": b'"hello"',
+    "clusters-a-number": b"apiVersion: v1\nclusters: 3\n",
+    "contexts-not-a-list": b"apiVersion: v1\ncontexts: {a: 1}\ncurrent-context: a\n",
+}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("content", KUBECONFIG_CONTENTS.values(), ids=KUBECONFIG_CONTENTS)
+@pytest.mark.parametrize("argv", [["delete", "--backend", "trainer", "demo"], ["doctor"]])
+def test_a_corrupt_kubeconfig_is_one_line_naming_it(tmp_path, capsys, monkeypatch, content, argv):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, err = run_cli(capsys, argv)
+    assert code != 0
+    assert_one_line(err, argv[0], str(kubeconfig))
+    assert "internal error" not in err
+    assert kubeconfig.read_bytes() == content

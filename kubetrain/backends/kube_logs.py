@@ -1,17 +1,23 @@
 """Streaming one node's log from its pods, as `kubectl logs -f` would, but through restarts.
 
 The follower is told about the node's newest pod as the pod watch sees it. It streams the
-``node`` container's log (``follow=true``) once that container has started; when the stream
-ends it decides from the pod whether that run of the container is over (terminated, restarted
-or replaced by a new pod) or the connection just ended, in which case it reconnects and skips
-the lines it already printed (counted per run), so no line is printed twice.
+``node`` container's log (``follow=true``, ``timestamps=true``) once that container has
+started; when the stream ends it decides from the pod whether that run of the container is
+over (terminated, restarted or replaced by a new pod) or the connection just ended, in which
+case it reconnects with ``sinceTime`` = the last timestamp it printed and drops what it
+already printed by timestamp (not by counting lines: after the kubelet rotates the log file a
+re-read starts at the new file, and a count would skip lines never seen). Timestamps are
+stripped before lines are passed on.
 """
 
 from __future__ import annotations
 
+import datetime
+import re
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client import CoreV1Api, V1Pod
@@ -33,16 +39,93 @@ from kubetrain.errors import KubetrainError
 SETTLE_SECONDS = 2.0
 
 
-def split_lines(chunks: Any) -> Any:
+class LineSplitter:
+    """Lines of a byte stream fed in chunks (blank lines kept, a trailing "\r" dropped).
+
+    Linear in the stream: each chunk is searched for newlines once and each byte copied into
+    one line once, however long a line grows without a newline (progress bars redrawn with
+    "\r"); ``scanned`` and ``copied`` count those bytes."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []  # the unterminated line so far, as chunks
+        self.scanned = 0
+        self.copied = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self.scanned += len(chunk)
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            if chunk:
+                self._pending.append(chunk)
+            return []
+        lines = [b"".join([*self._pending, pieces[0]]), *pieces[1:-1]]
+        self._pending = [pieces[-1]] if pieces[-1] else []
+        self.copied += sum(len(line) for line in lines)
+        return [_text(line) for line in lines]
+
+    def flush(self) -> list[str]:
+        """The unterminated tail, if any."""
+        if not self._pending:
+            return []
+        tail = b"".join(self._pending)
+        self._pending = []
+        self.copied += len(tail)
+        return [_text(tail)]
+
+
+def _text(line: bytes) -> str:
+    return line.decode(errors="replace").rstrip("\r")
+
+
+def split_lines(chunks: Any, splitter: LineSplitter | None = None) -> Any:
     """Lines of a byte stream (blank lines kept), the unterminated tail last."""
-    buffer = b""
+    splitter = splitter or LineSplitter()
     for chunk in chunks:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            yield line.decode(errors="replace").rstrip("\r")
-    if buffer:
-        yield buffer.decode(errors="replace").rstrip("\r")
+        yield from splitter.feed(chunk)
+    yield from splitter.flush()
+
+
+#: The kubelet's ``timestamps=true`` prefix: RFC 3339 with nanoseconds (RFC3339NanoFixed).
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def parse_stamp(text: str) -> int | None:
+    """Nanoseconds since the epoch of a kubelet log timestamp; None if it is not one."""
+    match = _STAMP.fullmatch(text)
+    if match is None:
+        return None
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    seconds = datetime.datetime.fromisoformat(match[1] + zone).timestamp()
+    return int(seconds) * 1_000_000_000 + int((match[2] or "0").ljust(9, "0"))
+
+
+def since_time(stamp: int) -> str:
+    """``sinceTime`` for a resume from ``stamp``: RFC 3339 in whole seconds, rounded down (the
+    API server passes metav1.Time on to the kubelet in seconds), so the line at ``stamp``
+    comes again and is dropped by timestamp."""
+    moment = datetime.datetime.fromtimestamp(stamp // 1_000_000_000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Printed:
+    """Where one run of a container's log was printed up to: the newest timestamp printed
+    and how many lines carried exactly that timestamp (lines may share one)."""
+
+    stamp: int | None = None
+    at_stamp: int = 0
+
+    def admit(self, stamp: int, repeat: int) -> bool:
+        """Whether the ``repeat``-th line (from 1) of this stream at ``stamp`` is new."""
+        if self.stamp is not None and stamp < self.stamp:
+            return False
+        if stamp == self.stamp:
+            if repeat <= self.at_stamp:
+                return False
+            self.at_stamp = repeat
+            return True
+        self.stamp, self.at_stamp = stamp, 1
+        return True
 
 
 class LogFollower(threading.Thread):
@@ -70,7 +153,7 @@ class LogFollower(threading.Thread):
         self._changed = threading.Condition()
         self._final = False
         self._stopped = False
-        self._printed: dict[tuple[str, int], int] = {}
+        self._printed: dict[tuple[str, int], Printed] = {}
         self._done: set[tuple[str, int]] = set()
         self._refused: str | None = None  # resourceVersion of a pod whose log was refused
         self._response: Any = None
@@ -157,28 +240,54 @@ class LogFollower(threading.Thread):
 
     def _stream(self, pod: V1Pod, run_key: tuple[str, int]) -> None:
         name = pod.metadata.name
+        printed = self._printed.setdefault(run_key, Printed())
+        query: list[tuple[str, Any]] = [
+            ("container", self.container),
+            ("follow", True),
+            ("timestamps", True),
+        ]
+        if printed.stamp is not None:
+            query.append(("sinceTime", since_time(printed.stamp)))
         response = call_with_retries(
             Action("get", "pods/log", name=name, namespace=self.namespace),
-            self.core.read_namespaced_pod_log,
+            self._open_log,
             name,
-            self.namespace,
-            container=self.container,
-            follow=True,
-            _preload_content=False,
+            query,
             retry=self.retry,
         )
         self._response = response
         if self._halted():  # stop() came while we connected: end at once
             response.shutdown()
         try:
-            skip = self._printed.get(run_key, 0)
-            for count, line in enumerate(split_lines(response.stream(None, False)), start=1):
-                if count > skip:
-                    self._printed[run_key] = count
+            stream_stamp, repeat = None, 0  # timestamps only grow within one stream
+            for line in split_lines(response.stream(None, False)):
+                stamp_text, _, text = line.partition(" ")
+                stamp = parse_stamp(stamp_text)
+                if stamp is None:  # not prefixed (a server without timestamps): pass it on
                     self.on_line(line)
+                    continue
+                stream_stamp, repeat = stamp, (repeat + 1 if stamp == stream_stamp else 1)
+                if printed.admit(stamp, repeat):
+                    self.on_line(text)
         finally:
             self._response = None
             response.release_conn()
+
+    def _open_log(self, name: str, query: list[tuple[str, Any]]) -> Any:
+        """GET pods/log with ``sinceTime``, which the generated client does not offer (it
+        knows ``sinceSeconds`` only, relative to the kubelet's clock)."""
+        client = self.core.api_client
+        return client.call_api(
+            "/api/v1/namespaces/{namespace}/pods/{name}/log",
+            "GET",
+            {"namespace": self.namespace, "name": name},
+            query,
+            {"Accept": "text/plain"},
+            response_type="str",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+        )
 
     def _settle(self, pod: V1Pod, run_key: tuple[str, int]) -> None:
         """After a stream ended: mark that run done if the pod says it is over; else give the

@@ -3,11 +3,19 @@
 Each container has a list of instances (a restart starts a new one, ``previous=true`` reads
 the one before); an instance holds timestamped lines and ends when its container terminates,
 which is also when a ``follow=true`` stream of it ends.
+
+As the kubelet does (kubernetes pkg/kubelet/kuberuntime/logs/logs.go, commit 04791b49:
+``NewLogOptions`` and ``logWriter.write``): ``sinceTime``/``sinceSeconds`` keep lines whose
+timestamp is not before the later of the two; ``timestamps=true`` prefixes each line with its
+RFC3339NanoFixed time and a space; only the current log file is read, so lines rotated out
+(``rotate``) are served by no new request, while a follow stream already open goes on into
+the new file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,6 +27,12 @@ LogKey = tuple[str, str, str]  # namespace, pod, container
 class LogInstance:
     lines: list[tuple[float, str]] = field(default_factory=list)
     terminated: bool = False
+    #: How many of the first lines are in rotated files, which the kubelet no longer reads.
+    rotated: int = 0
+
+    @property
+    def current(self) -> list[tuple[float, str]]:
+        return self.lines[self.rotated :]
 
 
 @dataclass(frozen=True)
@@ -27,21 +41,28 @@ class LogQuery:
 
     tail_lines: int | None = None
     since_seconds: float | None = None
+    since_time: float | None = None
     timestamps: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> LogQuery:
         tail = params.get("tailLines")
         since = params.get("sinceSeconds")
+        since_time = params.get("sinceTime")
         return cls(
             tail_lines=int(tail) if tail else None,
             since_seconds=float(since) if since else None,
+            since_time=parse_rfc3339(since_time) if since_time else None,
             timestamps=params.get("timestamps", "").lower() in ("1", "t", "true"),
         )
 
     def select(self, lines: list[tuple[float, str]]) -> list[tuple[float, str]]:
-        if self.since_seconds is not None:
-            cutoff = time.time() - self.since_seconds
+        cutoffs = [
+            *([time.time() - self.since_seconds] if self.since_seconds is not None else []),
+            *([self.since_time] if self.since_time is not None else []),
+        ]
+        if cutoffs:
+            cutoff = max(cutoffs)  # the later of the two, as NewLogOptions picks
             lines = [entry for entry in lines if entry[0] >= cutoff]
         if self.tail_lines is not None:
             lines = lines[-self.tail_lines :] if self.tail_lines else []
@@ -53,6 +74,14 @@ class LogQuery:
             iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp))
             text = f"{iso}.{int(stamp % 1 * 1e9):09d}Z {text}"
         return f"{text}\n".encode()
+
+
+def parse_rfc3339(text: str) -> float:
+    """A ``sinceTime`` query parameter (metav1.Time: RFC 3339, fractional seconds allowed)."""
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(f'parsing time "{text}" as RFC3339') from None
 
 
 class PodLogStore:
@@ -96,6 +125,13 @@ class PodLogStore:
         instances[-1].terminated = True
         self._changed()
 
+    def rotate(self, key: LogKey) -> None:
+        """The kubelet rotated the current instance's log file: what it holds so far is no
+        longer served to new requests (open follow streams go on)."""
+        instances = self._logs.get(key) or []
+        if instances:
+            instances[-1].rotated = len(instances[-1].lines)
+
     def interrupt(self) -> None:
         """End every follow stream now, as if the connection to the kubelet broke."""
         self._epoch += 1
@@ -113,7 +149,7 @@ class PodLogStore:
         index = -2 if previous else -1
         if len(instances) < (2 if previous else 1):
             return b""
-        return b"".join(query.render(entry) for entry in query.select(instances[index].lines))
+        return b"".join(query.render(entry) for entry in query.select(instances[index].current))
 
     async def follow(
         self, key: LogKey, query: LogQuery, disconnected: Callable[[], bool]
@@ -126,7 +162,7 @@ class PodLogStore:
             self.start(key)
             instances = self.instances(key)
         instance = instances[-1]
-        selected = query.select(instance.lines)
+        selected = query.select(instance.current)
         sent = len(instance.lines)
         for entry in selected:
             yield query.render(entry)

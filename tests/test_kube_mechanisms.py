@@ -1,0 +1,153 @@
+"""The cluster backend's fragile mechanisms, each against the emulated API server through the
+official client: log splitting in linear work, log resume by timestamp across a rotation,
+Retry-After and jitter, a watch that ends at once, a DELETE whose answer was lost, and the
+stall check."""
+
+from __future__ import annotations
+
+import calendar
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from kubetrain.backends.kube_logs import LineSplitter, parse_stamp, since_time, split_lines
+from kubetrain.testing import objects
+
+IMAGE = "ghcr.io/example/trainer:1.0"
+
+
+def wait_until(predicate, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"not true after {timeout}s: {predicate}")
+
+
+# ------------------------------------------------------------------ splitting, linear work
+def chunkings(data: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    chunks, at = [], 0
+    while at < len(data):
+        size = rng.choice([1, 2, 7, 64, 4096])
+        chunks.append(data[at : at + size])
+        at += size
+    return chunks
+
+
+STREAMS = {
+    "progress-bar": b"".join(b"%d%%\r" % (i % 100) for i in range(2000)) + b"done\n",
+    "blank-lines": b"a\n\n\nb\r\n\n",
+    "no-newline": b"x" * 5000,
+    "crlf-and-utf8": "é\r\nü\nlast".encode(),
+    "newline-only": b"\n" * 50,
+}
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("stream", STREAMS.values(), ids=STREAMS)
+def test_lines_are_the_same_however_the_stream_is_chunked(stream, seed):
+    expected = [line.decode(errors="replace").rstrip("\r") for line in stream.split(b"\n")]
+    if expected[-1] == "":
+        expected.pop()
+    assert list(split_lines(chunkings(stream, seed))) == expected
+
+
+@pytest.mark.parametrize("chunk", [1, 512, 4096])
+def test_unterminated_output_is_scanned_and_copied_once(chunk):
+    """2 MiB of "\\r" progress with no newline: each byte is searched and copied once (the
+    old buffer-concatenation rescanned the whole pending line for every chunk)."""
+    data = b"step 123/456 loss 0.1234\r" * (2 * 1024 * 1024 // 25)
+    chunks = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    splitter = LineSplitter()
+    lines = list(split_lines(chunks, splitter))
+    assert len(lines) == 1 and len(lines[0]) == len(data) - 1
+    assert splitter.scanned == len(data)
+    assert splitter.copied == len(data)
+
+
+def test_a_kubelet_timestamp_parses_to_nanoseconds_and_resumes_from_its_second():
+    stamp = parse_stamp("2026-11-24T19:30:05.000000042Z")
+    assert stamp == calendar.timegm((2026, 11, 24, 19, 30, 5)) * 1_000_000_000 + 42
+    assert since_time(stamp) == "2026-11-24T19:30:05Z"
+    assert parse_stamp("hello") is None
+
+
+# --------------------------------------------------------------- log resume by timestamp
+def running_node_pod(emulator, job: str, index: int = 0) -> str:
+    owner = emulator.get("trainjobs", job)
+    pod = objects.node_pod(job, index, kind="trainer", image=IMAGE, owner=owner)
+    name = emulator.create_pod(pod)["metadata"]["name"]
+    emulator.set_pod_status(
+        name, objects.pod_status("Running", [objects.container_status(IMAGE, objects.running())])
+    )
+    return name
+
+
+def launch(k8s, name: str = "demo", **options) -> Any:
+    from kubetrain.jobspec import TrainJobSpec
+
+    backend = k8s.backend(**options)
+    backend.launch(TrainJobSpec(name=name, command=("torchrun", "t.py"), image=IMAGE))
+    return backend
+
+
+class Waiter(threading.Thread):
+    def __init__(self, backend: Any, name: str, **keywords: Any) -> None:
+        super().__init__(daemon=True)
+        self.backend, self.name, self.keywords = backend, name, keywords
+        self.lines: list[str] = []
+        self.status = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.status = self.backend.wait(self.name, 30, self.lines.append, **self.keywords)
+        except BaseException as error:
+            self.error = error
+
+    def result(self, timeout: float = 20) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "wait did not return"
+        if self.error is not None:
+            raise self.error
+        return self.status
+
+
+def complete(emulator, job: str, pod: str | None = None) -> None:
+    if pod is not None:  # its container ends first, so the log follower ends at once
+        status = objects.container_status(IMAGE, objects.terminated(0))
+        emulator.set_pod_status(pod, objects.pod_status("Succeeded", [status]))
+    emulator.set_conditions("trainjobs", job, [objects.condition("Complete")])
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("rotate", [False, True], ids=["reconnect", "rotated-then-reconnect"])
+def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate):
+    from kubetrain.backends.kube_client import RetryPolicy
+
+    emulator = k8s.emulator
+    backend = launch(k8s, retry=RetryPolicy(first_delay=0.01, max_delay=0.05))
+    waiter = Waiter(backend, "demo")
+    waiter.start()
+    pod = running_node_pod(emulator, "demo")
+    emulator.append_log(pod, ["one", "two", "two"])  # one timestamp for all three
+    wait_until(lambda: waiter.lines == ["one", "two", "two"])
+    before = emulator.count("get", "pods/log")
+    if rotate:
+        emulator.rotate_log(pod)
+    emulator.interrupt_logs()
+    wait_until(lambda: emulator.count("get", "pods/log") > before)  # reconnected
+    emulator.append_log(pod, ["three", "four"])
+    wait_until(lambda: waiter.lines[-1:] == ["four"])
+    complete(emulator, "demo", pod)
+    waiter.result()
+    assert waiter.lines == ["one", "two", "two", "three", "four"]
+    resumed = emulator.requests("get", "pods/log")[-1]
+    assert resumed.params.get("sinceTime"), "resumed from the last timestamp"
+    assert resumed.params.get("timestamps") in ("true", "True")

@@ -151,3 +151,89 @@ def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate):
     resumed = emulator.requests("get", "pods/log")[-1]
     assert resumed.params.get("sinceTime"), "resumed from the last timestamp"
     assert resumed.params.get("timestamps") in ("true", "True")
+
+
+# ------------------------------------------------------------ Retry-After, jitter, backoff
+class Pauses:
+    """A RetryPolicy's ``sleep`` that records each pause and waits only a token 5 ms."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+        time.sleep(0.005)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("server_seconds", [0, 3, 7])
+def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds):
+    from kubetrain.backends.kube_client import RetryPolicy
+
+    backend = launch(k8s)
+    pauses = Pauses()
+    policy = RetryPolicy(first_delay=0.5, max_delay=8.0, sleep=pauses)
+    fault = k8s.emulator.fail_with_retry_after(
+        status, server_seconds, verb="get", resource="trainjobs", times=3
+    )
+    status_now = k8s.backend(retry=policy).status("demo")
+    assert status_now.name == "demo"
+    assert fault.hits == 3, "the fault struck three times"
+    assert len(pauses.seconds) == 3
+    for pause, delay in zip(pauses.seconds, [0.5, 1.0, 2.0], strict=True):
+        assert server_seconds <= pause <= server_seconds + delay * policy.jitter
+    del backend
+
+
+def test_pauses_without_retry_after_are_jittered_below_the_backoff_delay():
+    from kubetrain.backends.kube_client import RetryPolicy
+
+    policy = RetryPolicy(first_delay=1.0, max_delay=8.0, rng=random.Random(7))
+    for delay in policy.delays():
+        pauses = [policy.pause_seconds(delay) for _ in range(200)]
+        assert all(delay * (1 - policy.jitter) <= p <= delay for p in pauses)
+        assert len(set(pauses)) > 100, "spread, not one value every client shares"
+
+
+@pytest.mark.fault
+def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s):
+    """Every watch of the job ends at once with no event: each re-watch comes after a pause,
+    and the pauses double up to the cap (counted, not timed)."""
+    from kubetrain.backends.base import COMPLETE
+    from kubetrain.backends.kube_client import RetryPolicy
+
+    emulator = k8s.emulator
+    launch(k8s)
+    pauses = Pauses()
+    policy = RetryPolicy(first_delay=0.5, max_delay=4.0, jitter=0.0, sleep=pauses)
+    empty = 12
+    fault = emulator.end_watches_at_once(resource="trainjobs", times=empty)
+    waiter = Waiter(k8s.backend(retry=policy), "demo")
+    waiter.start()
+    wait_until(lambda: fault.hits == empty)
+    wait_until(lambda: emulator.count("watch", "trainjobs") > empty)  # a real watch is open
+    complete(emulator, "demo")
+    assert waiter.result().state == COMPLETE
+    assert pauses.seconds[:empty] == [0.5, 1.0, 2.0] + [4.0] * (empty - 3)
+    assert emulator.count("watch", "trainjobs") == empty + 1
+
+
+# ------------------------------------------------------------- a DELETE whose answer is lost
+@pytest.mark.fault
+@pytest.mark.parametrize("kind", ["trainer", "job"])
+def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s, kind):
+    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.jobspec import TrainJobSpec
+
+    emulator = k8s.emulator
+    backend = k8s.backend(kind, retry=RetryPolicy(first_delay=0.01, max_delay=0.05))
+    backend.launch(TrainJobSpec(name="demo", command=("torchrun", "t.py"), image=IMAGE))
+    resource = "trainjobs" if kind == "trainer" else "jobs"
+    assert emulator.get(resource, "demo") is not None
+    fault = emulator.drop_after_processing(verb="delete", resource=resource)
+    backend.delete("demo")  # no "not found": the first attempt did it
+    assert fault.hits == 1
+    assert emulator.get(resource, "demo") is None
+    deletes = emulator.requests("delete", resource, name="demo")
+    assert len(deletes) == 2, "deleted, answer lost, retried: 404"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import kubernetes.client
@@ -30,18 +31,60 @@ TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded exponential backoff for 5xx/429 answers and dropped connections."""
+    """Bounded exponential backoff for 5xx/429 answers and dropped connections, with jitter
+    (so that many clients failed by one event do not come back at once) and the server's
+    ``Retry-After`` honoured on 429/503.
+
+    ``sleep`` is how a pause is taken: None sleeps for real (interruptibly in the watch and
+    log threads); a test may record the pauses instead."""
 
     attempts: int = 5
     first_delay: float = 0.5
     max_delay: float = 8.0
+    #: Each pause is the backoff delay less up to this fraction of it, at random.
+    jitter: float = 0.5
+    #: The most a server's Retry-After may make us wait at once.
+    max_retry_after: float = 60.0
+    sleep: Callable[[float], Any] | None = field(default=None, compare=False)
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def delays(self) -> Iterator[float]:
-        """The pauses between attempts (one fewer than ``attempts``)."""
+        """The backoff delays between attempts (one fewer than ``attempts``), before jitter."""
         delay = self.first_delay
         for _ in range(self.attempts - 1):
             yield delay
             delay = min(delay * 2, self.max_delay)
+
+    def pause_seconds(self, delay: float, error: BaseException | None = None) -> float:
+        """How long to pause after ``error`` at backoff ``delay``: the delay with jitter, or
+        the server's Retry-After (capped) plus the jitter part."""
+        spread = delay * self.jitter * self.rng.random()
+        server = retry_after(error)
+        if server is not None:
+            return min(server, self.max_retry_after) + spread
+        return delay - spread
+
+    def pause(
+        self,
+        delay: float,
+        error: BaseException | None = None,
+        wait: Callable[[float], Any] = time.sleep,
+    ) -> None:
+        seconds = self.pause_seconds(delay, error)
+        (self.sleep or wait)(seconds)
+
+
+def retry_after(error: BaseException | None) -> float | None:
+    """The seconds of a 429/503 answer's ``Retry-After`` header (None without one; the HTTP
+    date form is not sent by the API server, which writes seconds)."""
+    if not isinstance(error, ApiException) or error.status not in (429, 503):
+        return None
+    value = (error.headers or {}).get("Retry-After")
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -138,20 +181,27 @@ def call_with_retries(
     fn: Callable[..., T],
     *args: Any,
     retry: RetryPolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
     **kwargs: Any,
 ) -> T:
     """``fn(*args, **kwargs)``, retried on 5xx/429 and dropped connections; API errors are
-    raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError."""
-    delays = (retry or RetryPolicy()).delays()
+    raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError.
+
+    A DELETE that answers 404 after an attempt that failed in transit is a success: the
+    earlier attempt deleted the object and its answer was lost (returns None)."""
+    policy = retry or RetryPolicy()
+    delays = policy.delays()
+    failed_in_transit = False
     while True:
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
+            if exc.status == 404 and action.verb == "delete" and failed_in_transit:
+                return None  # type: ignore[return-value]
             if exc.status in RETRIABLE_STATUSES:
                 delay = next(delays, None)
                 if delay is not None:
-                    sleep(delay)
+                    failed_in_transit = True
+                    policy.pause(delay, exc)
                     continue
                 raise KubetrainError(
                     f"the Kubernetes API kept failing to {action} "
@@ -162,7 +212,8 @@ def call_with_retries(
         except TRANSIENT_ERRORS as exc:
             delay = next(delays, None)
             if delay is not None:
-                sleep(delay)
+                failed_in_transit = True
+                policy.pause(delay, exc)
                 continue
             raise KubetrainError(
                 f"cannot reach the Kubernetes API to {action}: {exc}; check the cluster "

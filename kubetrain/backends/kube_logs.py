@@ -212,7 +212,7 @@ class LogFollower(threading.Thread):
                     self.warn(f"kubetrain: stopped streaming logs: {error}")
                     return
                 with self._changed:
-                    self._changed.wait(delay)
+                    self.retry.pause(delay, error, self._changed.wait)
                 continue
             self._settle(pod, run_key)
 

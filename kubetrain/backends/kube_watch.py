@@ -4,8 +4,10 @@ One ``ListWatcher`` lists once (a ``Snapshot``), then watches from that resource
 (``Change`` per event) with a server-side timeout, resuming from the last resourceVersion it
 saw (bookmarks included). A ``410 Gone`` (the resourceVersion was compacted) re-lists, so a
 change made while no watch was open still arrives, as the new snapshot. 5xx answers and
-dropped connections are retried with bounded backoff; anything else ends it with a
-``Failure``. Nothing here polls: between events the thread blocks on the open watch.
+dropped connections are retried with bounded backoff (with jitter, honouring Retry-After); a
+watch that ends at once without an event is re-opened only after a growing pause, not in a
+tight loop; anything else ends it with a ``Failure``. Nothing here polls: between events
+the thread blocks on the open watch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +35,8 @@ from kubetrain.errors import KubetrainError
 
 #: How long one watch request stays open before the server ends it and we resume.
 WATCH_SECONDS = 300
+#: A watch that ends sooner than this (or half its timeout) without any event ended at once.
+EARLY_END_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -121,12 +126,21 @@ class ListWatcher(threading.Thread):
 
     def _follow(self) -> None:
         delays = self.retry.delays()
+        early_ends = self._early_end_delays()
         while not self._stopped.is_set():
             try:
                 if self.resource_version is None:
                     self._list()
                 if not self._stopped.is_set():
-                    self._watch_once()
+                    started = time.monotonic()
+                    events = self._watch_once()
+                    if events == 0 and time.monotonic() - started < self._early_end_seconds():
+                        # Ended at once with nothing: an overloaded server or a proxy cutting
+                        # watches. Re-watching at once would hammer it; back off (unbounded:
+                        # the watch still works, just slowly).
+                        self.retry.pause(next(early_ends), None, self._stopped.wait)
+                        continue
+                    early_ends = self._early_end_delays()
                 delays = self.retry.delays()  # a watch that ran to its timeout is healthy
             except ApiException as exc:
                 if exc.status == 410:
@@ -147,7 +161,18 @@ class ListWatcher(threading.Thread):
                 f"kept failing to {self.action} ({exc}); the API server is unreachable or "
                 "unhealthy: try again later"
             )
-        self._stopped.wait(delay)
+        self.retry.pause(delay, exc, self._stopped.wait)
+
+    def _early_end_delays(self) -> Iterator[float]:
+        """Backoff delays for watches that end at once: doubling up to the policy's cap."""
+        delay = self.retry.first_delay
+        while True:
+            yield delay
+            delay = min(delay * 2, self.retry.max_delay)
+
+    def _early_end_seconds(self) -> float:
+        """A watch that ends sooner than this without an event ended "at once"."""
+        return min(EARLY_END_SECONDS, self.watch_seconds / 2)
 
     def _list(self) -> None:
         listing = call_with_retries(
@@ -160,7 +185,8 @@ class ListWatcher(threading.Thread):
         self.resource_version = resource_version(listing)
         self.events.put(Snapshot(self.source, items_of(listing)))
 
-    def _watch_once(self) -> None:
+    def _watch_once(self) -> int:
+        """One watch request, to its end; returns how many events (bookmarks too) it had."""
         self._watch = watch = kubernetes.watch.Watch()
         stream = watch.stream(
             self._capturing(self.list_fn),
@@ -171,7 +197,9 @@ class ListWatcher(threading.Thread):
             _request_timeout=(30, self.watch_seconds + 30),
             **self.selectors,
         )
+        events = 0
         for event in stream:
+            events += 1
             if self._stopped.is_set():
                 watch.stop()
                 break
@@ -180,6 +208,7 @@ class ListWatcher(threading.Thread):
                 self.resource_version = version
             if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                 self.events.put(Change(self.source, event["type"], event["object"]))
+        return events
 
     def _capturing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` that remembers the response it returns, so stop() can unblock its read; it

@@ -12,7 +12,8 @@ exit code, ``logs`` reads the node pods, ``delete`` leaves nothing running. On t
   events, on an image that cannot be pulled or a pod no node can take (after a grace period),
   a crash loop or an out-of-memory kill; and on SIGTERM (a cancelled run) deletes or suspends
   the job (``BackendOptions.on_cancel``) before exiting 143;
-* 403s name the missing permission, 5xx answers and dropped connections are retried.
+* 403s name the missing permission, 5xx answers and dropped connections are retried (with
+  jitter, after the server's Retry-After); a DELETE whose answer was lost is not "not found".
 """
 
 from __future__ import annotations

@@ -328,11 +328,48 @@ class KubeEmulator:
         """Close the connection of the next ``times`` matching requests without answering."""
         return self.call(self.api.faults.add, Fault(None, verb, resource, name, times))
 
+    def fail_with_retry_after(
+        self,
+        status: int,
+        seconds: int,
+        *,
+        verb: str | None = None,
+        resource: str | None = None,
+        times: int = 1,
+    ) -> Fault:
+        """Answer with ``status`` (429 or 503) and ``Retry-After: seconds``."""
+        fault = Fault(status, verb, resource, None, times, retry_after=seconds)
+        return self.call(self.api.faults.add, fault)
+
+    def drop_after_processing(
+        self,
+        *,
+        verb: str | None = None,
+        resource: str | None = None,
+        name: str | None = None,
+        times: int = 1,
+    ) -> Fault:
+        """Carry out the next matching requests, then close their connection unanswered."""
+        fault = Fault(None, verb, resource, name, times, after_processing=True)
+        return self.call(self.api.faults.add, fault)
+
+    def end_watches_at_once(self, *, resource: str | None = None, times: int = 1) -> Fault:
+        """Answer the next ``times`` watches with an empty stream that ends at once."""
+        fault = Fault(200, "watch", resource, None, times, empty_watch=True)
+        return self.call(self.api.faults.add, fault)
+
     def close_watches(self, abort: bool = False) -> None:
         self.call(self.api.close_watches, abort)
 
     def expire_watches(self) -> None:
         self.call(self.api.expire_watches)
+
+    def rotate_log(
+        self, pod: str, namespace: str | None = None, container: str = objects.NODE_CONTAINER
+    ) -> None:
+        """The kubelet rotates the container's log file (see ``PodLogStore.rotate``)."""
+        ns = namespace if namespace is not None else self.namespace
+        self.call(self.api.logs.rotate, (ns, pod, container))
 
     def interrupt_logs(self) -> None:
         """End every ``pods/log?follow=true`` stream (the client should reconnect)."""

@@ -42,7 +42,12 @@ class RequestRecord:
 @dataclass
 class Fault:
     """Answer the next ``times`` requests matching verb/resource/name with ``status`` (or drop
-    the connection when ``status`` is None)."""
+    the connection when ``status`` is None).
+
+    ``retry_after`` adds that header (seconds) to the error, as an API server under load does
+    with 429 and 503; ``after_processing`` drops the connection only once the request was
+    carried out (the change is made, the client never hears of it); ``empty_watch`` answers a
+    watch with 200 and ends it at once, without an event."""
 
     status: int | None
     verb: str | None = None
@@ -51,6 +56,9 @@ class Fault:
     times: int = 1
     message: str = ""
     hits: int = 0
+    retry_after: int | None = None
+    after_processing: bool = False
+    empty_watch: bool = False
 
     def matches(self, record: RequestRecord) -> bool:
         return (

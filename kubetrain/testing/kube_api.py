@@ -171,12 +171,24 @@ class ClusterAPI(kmock.KubernetesEmulator):
     async def _apply_fault(
         self, fault: Fault, record: RequestRecord, request: kmock.Request
     ) -> aiohttp.web.StreamResponse:
+        if fault.empty_watch:
+            return aiohttp.web.Response(status=200, content_type="application/json", body=b"")
         if fault.status is None:
+            response = aiohttp.web.Response(status=500)
+            if fault.after_processing:
+                response = await kmock.RawHandler._handle(self, request)
             raw = request._raw_request
             if raw is not None and raw.transport is not None:
                 raw.transport.abort()
-            return aiohttp.web.Response(status=500)
-        raise self.fault_error(fault, record)
+            return response
+        error = self.fault_error(fault, record)
+        if fault.retry_after is not None:
+            return aiohttp.web.json_response(
+                status_body(error),
+                status=error.status,
+                headers={"Retry-After": str(fault.retry_after)},
+            )
+        raise error
 
     def fault_error(self, fault: Fault, record: RequestRecord) -> kmock.KubernetesError:
         what = record.resource if not record.group else f"{record.plural}.{record.group}"

@@ -237,3 +237,65 @@ def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s,
     assert emulator.get(resource, "demo") is None
     deletes = emulator.requests("delete", resource, name="demo")
     assert len(deletes) == 2, "deleted, answer lost, retried: 404"
+
+
+# -------------------------------------------------------------------------- the stall check
+@pytest.mark.fault
+@pytest.mark.parametrize("on_cancel", ["delete", "suspend"])
+def test_a_running_job_that_logs_nothing_is_reported_stalled_and_stopped(k8s, on_cancel):
+    from kubetrain.errors import JobStalled
+
+    emulator = k8s.emulator
+    launch(k8s)
+    waiter = Waiter(k8s.backend(on_cancel=on_cancel), "demo", stall_timeout=1.0)
+    waiter.start()
+    pod = running_node_pod(emulator, "demo")
+    emulator.append_log(pod, "epoch 1 started")  # then nothing: a hung rank
+    with pytest.raises(JobStalled) as stalled:
+        waiter.result()
+    assert stalled.value.exit_code == 3
+    assert "no log line from rank 0 for 1s" in str(stalled.value)
+    assert waiter.lines == ["epoch 1 started"]
+    job = emulator.get("trainjobs", "demo")
+    if on_cancel == "delete":
+        assert job is None and "deleted TrainJob demo" in str(stalled.value)
+    else:
+        assert job["spec"]["suspend"] is True and "suspended" in str(stalled.value)
+
+
+@pytest.mark.parametrize("log_lines", [True, False], ids=["logging", "no-log-callback"])
+def test_a_job_that_keeps_logging_or_is_pending_is_not_stalled(k8s, log_lines):
+    """Pending time does not count, and each rank-0 line restarts the clock; the stall check
+    follows rank 0's log even when the caller wants no lines."""
+    from kubetrain.backends.base import COMPLETE
+
+    emulator = k8s.emulator
+    launch(k8s)
+    backend = k8s.backend()
+    stall = 1.0
+    result: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            consumer = [].append if log_lines else None
+            result["status"] = backend.wait("demo", 30, consumer, stall_timeout=stall)
+        except BaseException as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    owner = emulator.get("trainjobs", "demo")
+    pod = emulator.create_pod(objects.node_pod("demo", 0, kind="trainer", image=IMAGE, owner=owner))
+    name = pod["metadata"]["name"]
+    time.sleep(stall * 1.5)  # pending longer than the stall timeout: must not count
+    assert "error" not in result
+    emulator.set_pod_status(
+        name, objects.pod_status("Running", [objects.container_status(IMAGE, objects.running())])
+    )
+    for step in range(8):  # a line every 0.15 s, for longer than the stall timeout
+        emulator.append_log(name, f"step {step}")
+        time.sleep(0.15)
+    assert "error" not in result, result.get("error")
+    complete(emulator, "demo", name)
+    thread.join(20)
+    assert result.get("status") is not None and result["status"].state == COMPLETE

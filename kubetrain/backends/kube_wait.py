@@ -54,6 +54,15 @@ def timestamp(value: str | None) -> float:
     return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
+class Stalled(Exception):
+    """The running job showed no progress for ``seconds``; the backend stops it and reports
+    ``JobStalled``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no progress for {seconds:g}s")
+        self.seconds = seconds
+
+
 class WaitSession:
     """One wait (or one ``logs --follow``): start the watchers, decide, clean up."""
 
@@ -68,6 +77,7 @@ class WaitSession:
         prefix_lines: bool = False,
         cancel: CancelRequest | None = None,
         fail_early: bool = True,
+        stall_timeout: float | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -87,9 +97,16 @@ class WaitSession:
         self.problem_since: dict[tuple[str, str], float] = {}
         self.watchers = [self._job_watcher(), self._pod_watcher()]
         self.followers: dict[int, LogFollower] = {}
+        self.stall_timeout = stall_timeout
+        #: Since when the running job has shown no progress (None while it is not running).
+        self.quiet_since: float | None = None
+        if stall_timeout is not None and on_log_line is None:
+            on_log_line, log_nodes = (lambda line: None), (0,)  # follow rank 0 to see progress
         if on_log_line is not None:
             for node in log_nodes:
                 line_to = self._prefixed(on_log_line, node) if prefix_lines else on_log_line
+                if node == 0 and stall_timeout is not None:
+                    line_to = self._noting_progress(line_to)
                 self.followers[node] = LogFollower(
                     backend.objects.core,
                     self.namespace,
@@ -97,6 +114,26 @@ class WaitSession:
                     retry=backend.retry,
                     warn=backend.warn,
                 )
+
+    def _noting_progress(self, on_line: Callable[[str], None]) -> Callable[[str], None]:
+        def noted(line: str) -> None:
+            self.quiet_since = time.monotonic()
+            on_line(line)
+
+        return noted
+
+    def _stalled(self) -> bool:
+        """Whether the job has been running with no new rank-0 log line for stall_timeout
+        (time spent pending or restarting does not count)."""
+        if self.stall_timeout is None:
+            return False
+        if self._current_state() != RUNNING:
+            self.quiet_since = None
+            return False
+        now = time.monotonic()
+        if self.quiet_since is None:
+            self.quiet_since = now
+        return now - self.quiet_since > self.stall_timeout
 
     @staticmethod
     def _prefixed(on_line: Callable[[str], None], node: int) -> Callable[[str], None]:
@@ -149,6 +186,8 @@ class WaitSession:
                         return status
                     self._drain_logs(EARLY_FAILURE_DRAIN_SECONDS)
                     return self.backend.fail_early(self.name, problem, status)
+                if self._stalled():
+                    raise Stalled(self.stall_timeout or 0.0)
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     raise KubetrainError(
                         f"timed out after {self.timeout:g}s waiting for {self.kind.kind} "

@@ -55,9 +55,9 @@ from kubetrain.backends.kube_pods import (
     node_container,
     node_statuses,
 )
-from kubetrain.backends.kube_wait import WaitSession, timestamp
+from kubetrain.backends.kube_wait import Stalled, WaitSession, timestamp
 from kubetrain.backends.kube_watch import WATCH_SECONDS
-from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.render import render_indexed_job, render_script_configmap, render_trainjob
 from kubetrain.render.metadata import JOB_NAME_LABEL, validate_namespace
@@ -224,13 +224,30 @@ class KubernetesBackend:
         name: str,
         timeout: float | None = None,
         on_log_line: Callable[[str], None] | None = None,
+        stall_timeout: float | None = None,
     ) -> JobStatus:
+        """Follow the job to its end (see ``WaitSession``). With ``stall_timeout``, a running
+        job that prints no rank-0 log line for that long is stopped as a cancelled wait
+        stops it (``options.on_cancel``) and reported as ``JobStalled`` (exit 3)."""
         with sigterm_cancels() as cancel:
             session = WaitSession(
-                self, name, timeout=timeout, on_log_line=on_log_line, cancel=cancel
+                self,
+                name,
+                timeout=timeout,
+                on_log_line=on_log_line,
+                cancel=cancel,
+                stall_timeout=stall_timeout,
             )
             try:
                 return session.run()
+            except Stalled as stalled:
+                outcome = self.release(name)
+                raise JobStalled(
+                    f"{self.kind.kind} {name} made no progress: no log line from rank 0 for "
+                    f"{stalled.seconds:g}s while running (a stopped or hung rank); {outcome}; "
+                    f"look at `kubetrain logs --backend {self.kind.backend} {name}`, or raise "
+                    "--stall-timeout if the job may rightly be silent that long"
+                ) from None
             except Cancelled as cancelled:
                 outcome = self.release(name)
                 raise KubetrainError(

@@ -67,12 +67,24 @@ def file_artifact(name: str, path: str) -> Artifact:
     return Artifact(name=name, path=path, archive=NoneArchiveStrategy())
 
 
+#: Exit codes a retry cannot change: 2 bad input (``InvalidInput``), 3 a stalled job
+#: (``JobStalled``, already stopped).
+FINAL_EXIT_CODES = (2, 3)
+#: Argo's retry expression (docs/retries.md "Conditional retries": ``lastRetry.exitCode`` is
+#: a string, "-1" when the attempt has none, e.g. a lost pod, which is retried).
+RETRY_UNLESS_FINAL = " && ".join(
+    f"asInt(lastRetry.exitCode) != {code}" for code in FINAL_EXIT_CODES
+)
+
+
 def api_retry(limit: int = 3) -> RetryStrategy:
     """For steps that talk to the Kubernetes API: retried with backoff, the step being
-    idempotent (launch adopts the job it created; wait follows it again)."""
+    idempotent (launch adopts the job it created; wait follows it again), except after an
+    exit code a retry cannot change (bad input, a stalled job)."""
     return RetryStrategy(
         limit=str(limit),
         retry_policy="Always",
+        expression=RETRY_UNLESS_FINAL,
         backoff=Backoff(duration="10s", factor="2", max_duration="5m"),
     )
 

@@ -461,3 +461,63 @@ def test_training_workflow_exit_handler_deletes_the_running_job(
     assert run.exit_nodes["delete-trainjob"].phase == "Succeeded"
     local_root = run.workdir.parent / "local"
     assert not (local_root / run.nodes["launch"].outputs["job_name"]).exists()
+
+
+# ------------------------------------------------------------- retryStrategy.expression
+def shipped_api_retry() -> dict[str, Any]:
+    """The retryStrategy the launch step ships with, from the compiled YAML."""
+    document = yaml.safe_load(COMPILED_WORKFLOW.read_text())
+    (launch,) = [t for t in document["spec"]["templates"] if t["name"] == "launch-trainjob"]
+    return launch["retryStrategy"]
+
+
+# Exit code -> attempts Argo makes with limit 3: bad input (2) and a stalled job (3) once,
+# anything else (a transient failure) until the limit.
+RETRY_CASES = {0: 1, 1: 4, 2: 1, 3: 1, 4: 4, 124: 4, 137: 4}
+
+
+@pytest.mark.parametrize(("code", "attempts"), RETRY_CASES.items(), ids=map(str, RETRY_CASES))
+def test_the_api_steps_retry_expression_spares_final_exit_codes(tmp_path, code, attempts):
+    retry = shipped_api_retry()
+    assert retry["expression"] and retry["retryPolicy"] == "Always"
+    step = template("step", EXIT, str(code), retryStrategy=retry)
+    run = run_workflow(workflow([task("t", "step")], [step]), workdir=tmp_path)
+    node = run.nodes["t"]
+    assert (node.attempts, node.exit_code) == (attempts, code)
+    assert ("evaluated to false" in node.log) == (code in (2, 3))
+
+
+def test_a_transient_failure_is_still_retried_until_it_succeeds(tmp_path):
+    counter = tmp_path / "counter"
+    counter.write_text("")
+    flaky = (
+        "import pathlib, sys; c = pathlib.Path(sys.argv[1]); n = int(c.read_text() or 0) + 1\n"
+        "c.write_text(str(n)); sys.exit(0 if n >= 3 else 1)"
+    )
+    step = template("flaky", flaky, str(counter), retryStrategy=shipped_api_retry())
+    run = run_workflow(workflow([task("t", "flaky")], [step]), workdir=tmp_path / "run")
+    assert (run.phase, run.nodes["t"].attempts) == ("Succeeded", 3)
+
+
+def test_an_attempt_without_exit_code_is_retried_as_argo_does(tmp_path):
+    """A missing output is an Error with no exit code: lastRetry.exitCode is "-1"."""
+    step = template(
+        "no-output",
+        EXIT,
+        "0",
+        outputs={"parameters": [output_parameter("x", "/tmp/out/x")]},
+        retryStrategy=shipped_api_retry(),
+    )
+    run = run_workflow(workflow([task("t", "no-output")], [step]), workdir=tmp_path)
+    assert (run.nodes["t"].phase, run.nodes["t"].attempts) == ("Error", 4)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ['lastRetry.message.startsWith("x")', "asInt(lastRetry.exitCode) + 1 > 2", "unknown == 1"],
+)
+def test_an_expression_outside_the_supported_subset_is_refused(tmp_path, expression):
+    retry = {"limit": "1", "retryPolicy": "Always", "expression": expression}
+    step = template("step", EXIT, "1", retryStrategy=retry)
+    with pytest.raises(UnsupportedArgoFeature, match="expression"):
+        run_workflow(workflow([task("t", "step")], [step]), workdir=tmp_path)

@@ -30,6 +30,7 @@ from kubetrain.pipelines.training_workflow import (
     ExistingClaim,
     build_training_workflow,
 )
+from kubetrain.testing.argo_expr import evaluate_bool
 
 REPO = Path(__file__).resolve().parents[1]
 COMPILED = REPO / "pipelines" / "compiled"
@@ -183,6 +184,16 @@ def test_operations_settings(stem):
     # the steps that talk to the Kubernetes API are retried
     assert {"launch-trainjob", "wait-trainjob", "delete-trainjob"} <= set(retried)
     assert all(isinstance(r["limit"], str) for r in retried.values())
+    # ...but not after bad input (exit 2) or a stalled job (exit 3), which a retry cannot fix
+    for name, strategy in retried.items():
+        if strategy["retryPolicy"] == "Always":
+            last = {"lastRetry.status": "Failed", "lastRetry.duration": "1"}
+            last["lastRetry.message"] = ""
+            decide = [
+                evaluate_bool(strategy["expression"], {**last, "lastRetry.exitCode": code})
+                for code in ("1", "2", "3", "-1")
+            ]
+            assert decide == [True, False, False, True], name
     # the TrainJob's pods carry the workflow label, so `argo logs WF -c node` shows them
     launch_args = template_named(document, "launch-trainjob")["container"]["args"]
     label = launch_args[launch_args.index("--pod-label") + 1]

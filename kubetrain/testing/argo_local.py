@@ -29,7 +29,8 @@ Differences from Argo worth knowing:
 * The DAG fails fast: after a Failed/Error task no further task starts; those left are
   ``Omitted``. Tasks run one at a time, in dependency order.
 * ``when`` is only ``X == Y`` / ``X != Y`` (or ``true``/``false``), compared as strings.
-* Backoff durations are not waited for; attempts are counted.
+* Backoff durations are not waited for; attempts are counted. A ``retryStrategy.expression``
+  is evaluated after each failed attempt, as Argo's controller does (``argo_expr``).
 * Undeclared workflow arguments and task arguments a template does not declare are errors.
 """
 
@@ -46,6 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from kubetrain.testing.argo_expr import UnsupportedExpression, evaluate_bool
 
 __all__ = [
     "ArgoWorkflowError",
@@ -103,6 +106,7 @@ TEMPLATE = {
     "retryStrategy": {
         "limit": ANY,
         "retryPolicy": ANY,
+        "expression": ANY,  # evaluated after each failed attempt (argo_expr)
         "backoff": {"duration": ANY, "factor": ANY, "maxDuration": ANY},  # not waited for
     },
     # Accepted and ignored.
@@ -131,7 +135,10 @@ RETRY_POLICIES = {
     "OnFailure": {FAILED},
     "OnError": {ERROR},  # only harness-level errors, never a non-zero exit
 }
-DEFAULT_RETRY_POLICY = "OnFailure"  # Argo's default
+DEFAULT_RETRY_POLICY = "OnFailure"  # Argo's default...
+#: ...but with an expression and no policy, only the expression decides (Argo 3.5+,
+#: docs/retries.md).
+DEFAULT_RETRY_POLICY_WITH_EXPRESSION = "Always"
 
 VARIABLE = re.compile(r"\{\{(.*?)\}\}")
 TASK_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]*")
@@ -549,17 +556,22 @@ class ContainerNode:
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "work").mkdir(parents=True)
-        limit, retried = self.retry_strategy()
+        limit, retried, expression = self.retry_strategy()
         result = NodeResult(self.task, self.template["name"], ERROR)
         for attempt in range(1, limit + 2):
             result.attempts, result.outputs, result.artifacts = attempt, {}, {}
             self.reset_fs()
             for name, path in input_paths.items():
                 copy(artifacts[name], Path(paths.host(path)))
+            started = time.monotonic()
             result.phase, result.exit_code = self.attempt(argv, env, attempt)
             if result.phase == SUCCEEDED:
                 result.phase = self.collect(result, paths, output_params, output_artifacts)
             if result.phase == SUCCEEDED or result.phase not in retried:
+                break
+            if expression and not self.expression_allows_retry(
+                expression, result, time.monotonic() - started
+            ):
                 break
             time.sleep(RETRY_PAUSE_SECONDS)
         result.log = self.log_path.read_text(errors="replace")
@@ -606,21 +618,43 @@ class ContainerNode:
                 roots[path] = self.fs / path.lstrip("/")
         return PathMap(roots, self.run.workdir)
 
-    def retry_strategy(self) -> tuple[int, set[str]]:
-        """(retries allowed, attempt phases that are retried)."""
+    def expression_allows_retry(self, expression: str, result: NodeResult, seconds: float) -> bool:
+        """``retryStrategy.expression`` after a failed attempt, with Argo's ``lastRetry.*``
+        variables (strings; exitCode "-1" when the attempt has none)."""
+        variables = {
+            "lastRetry.exitCode": str(result.exit_code if result.exit_code is not None else -1),
+            "lastRetry.status": result.phase,
+            "lastRetry.duration": str(int(seconds)),
+            "lastRetry.message": "",
+        }
+        try:
+            allowed = evaluate_bool(expression, variables)
+        except UnsupportedExpression as error:
+            raise UnsupportedArgoFeature(
+                f"{self.where}.retryStrategy.expression", str(error)
+            ) from None
+        if not allowed:
+            with open(self.log_path, "a") as log:
+                log.write("--- retryStrategy.expression evaluated to false\n")
+        return allowed
+
+    def retry_strategy(self) -> tuple[int, set[str], str]:
+        """(retries allowed, attempt phases that are retried, the retry expression or "")."""
         strategy = self.template.get("retryStrategy")
         if strategy is None:
-            return 0, set()
+            return 0, set(), ""
+        expression = str(strategy.get("expression") or "")
         try:
             limit = int(str(strategy.get("limit", 0)))
         except ValueError:
             raise UnsupportedArgoFeature(
                 f"{self.where}.retryStrategy.limit", repr(strategy["limit"])
             ) from None
-        policy = strategy.get("retryPolicy", DEFAULT_RETRY_POLICY)
+        default = DEFAULT_RETRY_POLICY_WITH_EXPRESSION if expression else DEFAULT_RETRY_POLICY
+        policy = strategy.get("retryPolicy", default)
         if policy not in RETRY_POLICIES:
             raise UnsupportedArgoFeature(f"{self.where}.retryStrategy.retryPolicy", repr(policy))
-        return limit, RETRY_POLICIES[policy]
+        return limit, RETRY_POLICIES[policy], expression
 
     def reset_fs(self) -> None:
         """A fresh container filesystem per attempt, as a retried pod gets."""

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from kubetrain import submit_argo
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.param_option import check_value, split_param
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
@@ -69,9 +69,10 @@ def pipeline_parameters(package: Path) -> dict[str, str]:
     """Name → declared type of the compiled pipeline's input parameters."""
     import yaml
 
-    spec = next(yaml.safe_load_all(package.read_text()))
-    parameters = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    return {name: p["parameterType"] for name, p in parameters.items()}
+    with reading(package):  # a corrupt or foreign package is one line naming it
+        spec = next(yaml.safe_load_all(package.read_text()))
+        parameters = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+        return {name: p["parameterType"] for name, p in parameters.items()}
 
 
 def parse_arguments(pairs: list[str], declared: dict[str, str]) -> dict[str, object]:

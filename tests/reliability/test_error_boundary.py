@@ -210,3 +210,25 @@ def test_a_corrupt_kubeconfig_is_one_line_naming_it(tmp_path, capsys, monkeypatc
     assert_one_line(err, argv[0], str(kubeconfig))
     assert "internal error" not in err
     assert kubeconfig.read_bytes() == content
+
+
+# ------------------------------------------------------------- corrupt or foreign package
+PACKAGE_CONTENTS = {
+    **{name: KUBECONFIG_CONTENTS[name] for name in ("truncated-json", "unclosed-yaml", "binary")},
+    "a-list": b"[]",
+    "root-a-number": b"root: 3\n",
+    "parameters-a-list": b"root:\n  inputDefinitions:\n    parameters: [1, 2]\n",
+    "parameter-without-type": b"root:\n  inputDefinitions:\n    parameters:\n      nodes: {}\n",
+}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("content", PACKAGE_CONTENTS.values(), ids=PACKAGE_CONTENTS)
+def test_a_corrupt_kfp_package_is_one_line_naming_it(tmp_path, capsys, content):
+    package = tmp_path / "pipeline.yaml"
+    package.write_bytes(content)
+    argv = ["submit", "kfp", "--host", "http://127.0.0.1:9", "--package", str(package)]
+    code, err = run_cli(capsys, argv)
+    assert code != 0
+    assert_one_line(err, "submit", str(package))
+    assert "internal error" not in err

@@ -233,28 +233,30 @@ def _schema_problem(exc: BaseException) -> str | None:
     return f"field {field}: {exc.message}"
 
 
-def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:
-    """The boundary of a command (``kubetrain CMD``, ``python -m kubetrain.train``): print
-    ``PROG: error: ...`` as ONE line on stderr and return the exit code.
+def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, int]:
+    """The one line (without the program's name) and the exit code that report ``exc``:
 
     * a KubetrainError: its own line and exit code;
     * an error of the environment or of a file's content (``describe``): the path, the problem
       and the fix, exit 1;
     * anything else is a bug of ours: "internal error (TYPE: message)", exit 1, never silent.
-
-    The traceback is printed (before the line, so a step's log still ends with the line that
-    matters) only with KUBETRAIN_DEBUG=1, which every line but a KubetrainError's says."""
-    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    """
     if isinstance(exc, KubetrainError):
-        line, code = str(exc), exc.exit_code
-    else:
-        code = 1
-        line = describe(exc, output) or (
-            f"internal error ({type(exc).__name__}: {refusal_reason(exc)}); this is a bug in "
-            "kubetrain: please report it with the traceback"
-        )
-        line += f" (set {DEBUG_ENV}=1 for the traceback)"
-    if debug:
+        return " ".join(str(exc).split()), exc.exit_code
+    line = describe(exc, output) or (
+        f"internal error ({type(exc).__name__}: {refusal_reason(exc)}); this is a bug in "
+        "kubetrain: please report it with the traceback"
+    )
+    return " ".join(f"{line} (set {DEBUG_ENV}=1 for the traceback)".split()), 1
+
+
+def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:
+    """The boundary of a command (``kubetrain CMD``, ``python -m kubetrain.train``): print
+    ``PROG: error: LINE`` (``failure_line``) as ONE line on stderr and return the exit code.
+    The traceback is printed (before the line, so a step's log still ends with the line that
+    matters) only with KUBETRAIN_DEBUG=1, which every line but a KubetrainError's mentions."""
+    line, code = failure_line(exc, output)
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"{prog}: error: {' '.join(line.split())}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
     return code

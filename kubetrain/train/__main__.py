@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 
-from kubetrain.errors import report_failure
+from kubetrain.errors import failure_line, report_failure
 from kubetrain.process_exit import skip_exit_collection
 from kubetrain.train.distributed import init_runtime, shutdown
 from kubetrain.train.options import PROG, parse_options
 from kubetrain.train.progress import make_reporter
 from kubetrain.train.trainer import run
+
+
+def record_for_torchrun(line: str) -> None:
+    """Write ``line`` to the error file torchrun gives each worker (TORCHELASTIC_ERROR_FILE),
+    in the format of torch.distributed.elastic's ``ErrorHandler``: torchrun's "Root Cause"
+    report, the last lines of the node's log, then shows it instead of "<N/A>"."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line}}}
+    data["message"]["extraInfo"]["timestamp"] = str(int(time.time()))
+    try:
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+    except OSError:
+        pass  # best effort: the line is on stderr already
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        # One line, the node log's last: a disk full while checkpointing names the checkpoint
-        # folder ("No space left on device"), which `wait`'s failure report quotes.
-        return report_failure(PROG, exc, output=checkpoint_dir)
+        # One line: a disk full while checkpointing names the checkpoint folder ("No space
+        # left on device"); torchrun's failure report, printed after it, repeats it.
+        code = report_failure(PROG, exc, output=checkpoint_dir)
+        line, _ = failure_line(exc, output=checkpoint_dir)
+        record_for_torchrun(f"{PROG}: error: {line}")
+        return code
     finally:
         if reporter is not None:
             reporter.close()

@@ -73,16 +73,24 @@ def test_a_full_or_read_only_filesystem_is_one_line_naming_the_output(
     assert_one_line(run.stderr, "prep", str(mount_point), *expected)
 
 
+#: How many last lines of a failed node's log `wait` quotes (kubernetes.FAILURE_LOG_LINES).
+QUOTED_LINES = 20
+
+
 @pytest.mark.fault
 @pytest.mark.parametrize(
-    "mount_options", ["64k", "200k", "1m,ro"], ids=["model", "optimizer", "ro"]
+    ("mount_options", "torchrun"),
+    [("64k", True), ("200k", False), ("1m,ro", False)],
+    ids=["model-under-torchrun", "optimizer", "read-only"],
 )
-def test_a_disk_full_while_checkpointing_ends_the_node_log_with_the_folder(
-    tmp_path, digits_dir, mount_options
+def test_a_disk_full_while_checkpointing_names_the_folder_in_the_nodes_last_lines(
+    tmp_path, digits_dir, free_port, mount_options, torchrun
 ):
-    """The trainer's last stderr line (what `wait` quotes) says why and where: 64 KiB fills
-    while writing the model (safetensors: "os error 28"), 200 KiB while writing the optimizer
-    (torch: "iostream error", no errno), and a read-only folder refuses the first write."""
+    """What `wait` quotes of a failed node says why and where: 64 KiB fills while writing
+    the model (safetensors: "os error 28"; under torchrun, whose 30-line failure report
+    follows the line, the report's root cause repeats it), 200 KiB while writing the
+    optimizer (torch: "iostream error", no errno), and a read-only folder refuses the first
+    write."""
     mount_point = tmp_path / "mnt"
     mount_point.mkdir()
     if not tiny_filesystem_available(mount_point):
@@ -90,17 +98,23 @@ def test_a_disk_full_while_checkpointing_ends_the_node_log_with_the_folder(
     checkpoint_dir = mount_point / "checkpoints"
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
     env["OMP_NUM_THREADS"] = "1"
-    args = ["-m", "kubetrain.train", "--data", str(digits_dir), "--epochs", "1"]
-    run = run_python_on_tiny_filesystem(
-        mount_point, mount_options, [*args, "--checkpoint-dir", str(checkpoint_dir)], env=env
-    )
+    launcher = ["-m", "torch.distributed.run", "--nproc-per-node", "1"]
+    launcher += ["--master-port", str(free_port()), "-m", "kubetrain.train"]
+    args = [*(launcher if torchrun else ["-m", "kubetrain.train"])]
+    args += ["--data", str(digits_dir), "--epochs", "1", "--checkpoint-dir", str(checkpoint_dir)]
+    run = run_python_on_tiny_filesystem(mount_point, mount_options, args, env=env)
     assert run.returncode != 0, run.stderr
-    last = run.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in run.stderr, run.stderr
-    assert last.startswith("kubetrain.train: error: "), last
-    assert str(mount_point) in last, last
+    quoted = run.stderr.splitlines()[-QUOTED_LINES:]
+    ours = [line for line in quoted if "kubetrain.train: error: " in line]
+    assert ours, run.stderr
+    assert all(str(mount_point) in line for line in ours), ours
+    if torchrun:
+        assert any("traceback : kubetrain.train: error:" in line for line in ours), ours
+    else:
+        assert "Traceback" not in run.stderr, run.stderr
+        assert quoted[-1].startswith("kubetrain.train: error: ")
     if "ro" not in mount_options:
-        assert "No space left on device" in last, last
+        assert all("No space left on device" in line for line in ours), ours
         assert "epoch 1/1" in run.stdout, "the fault struck while checkpointing, after training"
 
 

@@ -10,9 +10,12 @@ parsing, object store, discovery, HTTP server and reaction DSL (``api[...] << ..
 * label and field selectors; watches that resume from a ``resourceVersion``, answer
   ``410 Gone`` once it is compacted, end after ``timeoutSeconds`` (with a bookmark) and can be
   closed or expired by the test;
-* ``pods/log`` with ``follow``, ``previous``, ``tailLines``, ``sinceSeconds``, ``timestamps``;
+* ``pods/log`` with ``follow``, ``previous``, ``tailLines``, ``sinceSeconds``, ``sinceTime``,
+  ``timestamps``, and log rotation (``pod_logs``);
 * CRDs: creating one serves its resource, deleting it stops serving it;
-* a request log in RBAC terms and scripted faults (error statuses, dropped connections);
+* a request log in RBAC terms and scripted faults (error statuses, with ``Retry-After`` if
+  asked; dropped connections, before or after the request was carried out; watches that end
+  at once);
 * error bodies shaped like the real server's ``Status`` objects.
 
 Everything here runs on the emulator's event loop; ``emulator.KubeEmulator`` is the

@@ -299,3 +299,39 @@ def test_a_job_that_keeps_logging_or_is_pending_is_not_stalled(k8s, log_lines):
     complete(emulator, "demo", name)
     thread.join(20)
     assert result.get("status") is not None and result["status"].state == COMPLETE
+
+
+# ------------------------------------------------- the emulated kubelet's log options
+def read_log(k8s, pod: str, **query: str) -> list[str]:
+    response = k8s.api_client.call_api(
+        "/api/v1/namespaces/{namespace}/pods/{name}/log",
+        "GET",
+        {"namespace": "default", "name": pod},
+        [("container", "node"), *query.items()],
+        {"Accept": "text/plain"},
+        response_type="str",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+    )
+    return response.data.decode().splitlines()
+
+
+def test_the_emulated_kubelet_serves_since_time_and_rotation_like_the_kubelet(k8s):
+    """kubelet kuberuntime/logs/logs.go: RFC3339Nano prefix with timestamps=true; lines not
+    before sinceTime are kept; a rotated file is no longer read."""
+    emulator = k8s.emulator
+    launch(k8s)
+    pod = running_node_pod(emulator, "demo")
+    emulator.append_log(pod, ["old"])
+    time.sleep(1.1)  # the next line's second differs from the first one's
+    emulator.append_log(pod, ["new"])
+    stamped = read_log(k8s, pod, timestamps="true")
+    assert [line.split(" ", 1)[1] for line in stamped] == ["old", "new"]
+    stamps = [parse_stamp(line.split(" ", 1)[0]) for line in stamped]
+    assert all(stamps) and stamps[0] < stamps[1]
+    assert read_log(k8s, pod, sinceTime=since_time(stamps[1])) == ["new"], "inclusive"
+    assert read_log(k8s, pod, sinceTime=since_time(stamps[0])) == ["old", "new"]
+    emulator.rotate_log(pod)
+    emulator.append_log(pod, ["after rotation"])
+    assert read_log(k8s, pod) == ["after rotation"]

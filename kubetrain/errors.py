@@ -135,7 +135,8 @@ def os_error_of(exc: BaseException) -> OSError | None:
         if found:
             code = int(found[1])
             return OSError(code, os.strerror(code))
-        current = current.__cause__ or current.__context__
+        suppressed = current.__suppress_context__
+        current = current.__cause__ or (None if suppressed else current.__context__)
     return None
 
 

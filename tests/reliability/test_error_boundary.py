@@ -246,3 +246,72 @@ def test_a_corrupt_kfp_package_is_one_line_naming_it(tmp_path, capsys, content):
     assert code != 0
     assert_one_line(err, "submit", str(package))
     assert "internal error" not in err
+
+
+# ------------------------------------------------------- every class the boundary knows
+def _raise_json() -> None:
+    import json
+
+    json.loads('{"epoch": ')
+
+
+def _raise_yaml() -> None:
+    import yaml
+
+    yaml.safe_load("a: [b")
+
+
+def _raise_schema() -> None:
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"epoch": {"type": "integer"}}}
+    jsonschema.validate({"epoch": "one"}, schema)
+
+
+def _raise_decode() -> None:
+    b"\xff\xfe".decode()
+
+
+def _raise_foreign() -> None:
+    card = []
+    card["model"]  # noqa: B018 - the failure under test
+
+
+def _raise_os_error_in_text() -> None:
+    raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _raise_chained_os_error() -> None:
+    try:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    except OSError as error:
+        raise RuntimeError("write failed") from error
+
+
+def _raise_memory() -> None:
+    raise MemoryError
+
+
+CONTENT_FAILURES = {
+    "json": (_raise_json, "not valid JSON"),
+    "yaml": (_raise_yaml, "not valid YAML"),
+    "schema": (_raise_schema, "field epoch"),
+    "not-utf8": (_raise_decode, "not UTF-8"),
+    "foreign-shape": (_raise_foreign, "not the content kubetrain expects"),
+    "os-error-in-message": (_raise_os_error_in_text, "No space left on device"),
+    "os-error-as-cause": (_raise_chained_os_error, "Read-only file system"),
+    "memory": (_raise_memory, "out of memory"),
+}
+
+
+@pytest.mark.parametrize(("fail", "problem"), CONTENT_FAILURES.values(), ids=CONTENT_FAILURES)
+def test_each_failure_class_read_under_a_path_is_one_line_naming_it(tmp_path, fail, problem):
+    from kubetrain.errors import failure_line, reading
+
+    path = tmp_path / "manifest.json"
+    with pytest.raises(BaseException) as raised, reading(path):
+        fail()
+    line, code = failure_line(raised.value)
+    assert code == 1 and "\n" not in line
+    assert line.startswith(f"{path}: ") and problem in line, line
+    assert "internal error" not in line

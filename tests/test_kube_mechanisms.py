@@ -335,3 +335,13 @@ def test_the_emulated_kubelet_serves_since_time_and_rotation_like_the_kubelet(k8
     emulator.rotate_log(pod)
     emulator.append_log(pod, ["after rotation"])
     assert read_log(k8s, pod) == ["after rotation"]
+
+
+def test_the_emulated_api_server_refuses_a_since_time_that_is_not_rfc3339(k8s):
+    from kubernetes.client.rest import ApiException
+
+    launch(k8s)
+    pod = running_node_pod(k8s.emulator, "demo")
+    with pytest.raises(ApiException) as refused:
+        read_log(k8s, pod, sinceTime="yesterday")
+    assert refused.value.status == 400

@@ -533,7 +533,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 400,
                 f'container "{container}" in pod "{request.name}" is waiting to start: {reason}',
             )
-        query = LogQuery.from_params(request.params)
+        try:
+            query = LogQuery.from_params(request.params)
+        except ValueError as error:  # the API server refuses unparsable options with 400
+            raise api_error(400, str(error)) from None
         if flag(request.params, "follow") and not previous:
             return self.logs.follow(log_key, query, lambda: _gone(request))
         return self.logs.read(log_key, query, previous=previous)

@@ -345,3 +345,24 @@ def test_the_emulated_api_server_refuses_a_since_time_that_is_not_rfc3339(k8s):
     with pytest.raises(ApiException) as refused:
         read_log(k8s, pod, sinceTime="yesterday")
     assert refused.value.status == 400
+
+
+@pytest.mark.fault
+def test_a_log_that_cannot_be_read_is_not_taken_for_a_stall(k8s):
+    """No permission on pods/log: the follower gives up (with a warning), and the stall
+    check does not delete a healthy job for the silence it cannot hear."""
+    from kubetrain.backends.base import COMPLETE
+
+    emulator = k8s.emulator
+    launch(k8s)
+    refused = emulator.fail(403, verb="get", resource="pods/log", times=1000)
+    warnings: list[str] = []
+    waiter = Waiter(k8s.backend(warn=warnings.append), "demo", stall_timeout=0.3)
+    waiter.start()
+    pod = running_node_pod(emulator, "demo")
+    wait_until(lambda: refused.hits > 0 and warnings)
+    time.sleep(1.0)  # three stall timeouts of a running job with no readable log
+    assert waiter.is_alive(), waiter.error
+    complete(emulator, "demo", pod)
+    assert waiter.result().state == COMPLETE
+    assert emulator.get("trainjobs", "demo") is not None

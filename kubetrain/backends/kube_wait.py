@@ -124,9 +124,13 @@ class WaitSession:
 
     def _stalled(self) -> bool:
         """Whether the job has been running with no new rank-0 log line for stall_timeout
-        (time spent pending or restarting does not count)."""
+        (time spent pending or restarting does not count; a log that cannot be read at all,
+        e.g. no permission on pods/log, is no sign of a stall)."""
         if self.stall_timeout is None:
             return False
+        follower = self.followers.get(0)
+        if follower is None or not follower.is_alive():
+            return False  # rank 0's log cannot be read (it said why): no progress to judge
         if self._current_state() != RUNNING:
             self.quiet_since = None
             return False

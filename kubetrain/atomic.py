@@ -80,6 +80,19 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def open_to_umask(root: str | os.PathLike[str]) -> None:
+    """Give every folder and file under ``root`` (itself included) the mode the umask gives a
+    new one: some writers create theirs 0600 (safetensors' ``save_file``, mkstemp, mkdtemp),
+    which another uid on a shared volume could not read once published."""
+    folders, files = folder_mode(), file_mode()
+    os.chmod(root, folders)
+    for folder, dirs, names in os.walk(root):
+        for name in [*dirs, *names]:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):  # a link's mode is its target's: left alone
+                os.chmod(path, folders if name in dirs else files)
+
+
 def fsync_tree(root: str | os.PathLike[str]) -> None:
     """fsync every file and folder under ``root`` (bottom-up), before it is published."""
     for folder, _dirs, files in os.walk(root, topdown=False):
@@ -142,6 +155,7 @@ def publish_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -
     swapped out in one step where the kernel can (readers see the old or the new folder, never
     none), else renamed aside first; then it is removed."""
     staged, target = Path(staged), Path(final)
+    open_to_umask(staged)
     fsync_tree(staged)
     if target.is_dir() and not target.is_symlink() and exchange(staged, target):
         shutil.rmtree(staged, ignore_errors=True)  # now holds the retired folder

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain import atomic
+from kubetrain import atomic, storage
 from kubetrain.output_rule import REPORT, check_output
 
 REPORT_FILE = "report.html"
@@ -223,6 +223,7 @@ def write_report(
     ``directory``, all or nothing (built in a staging folder beside it, then renamed), after
     :func:`check_report_dir`; returns the HTML file's path."""
     check_report_dir(directory, inputs)
+    directory = storage.local_path(directory, "report")  # a file:// URL names a local folder
     staged = atomic.staging_dir(directory)
     try:
         marker = {"format": REPORT.format, "files": [REPORT_FILE, *sorted(report.images)]}

@@ -299,30 +299,41 @@ def test_an_output_the_rule_forbids_is_refused_and_nothing_changes(
 
 # --- what the rule accepts -------------------------------------------------------------------
 
-ACCEPTED: dict[str, Callable[[Workspace, Step], Path]] = {
-    "missing folder": lambda ws, step: ws.root / "new" / "deeper" / "out",
-    "empty folder": lambda ws, step: Path(os.mkdir(ws.root / "empty") or ws.root / "empty"),
-    "beside an input, named like it": lambda ws, step: Path(f"{next(iter(ws.inputs.values()))}-2"),
+
+def _empty_folder(ws: Workspace, step: Step) -> str:
+    (ws.root / "empty").mkdir()
+    return str(ws.root / "empty")
+
+
+ACCEPTED: dict[str, Callable[[Workspace, Step], str]] = {
+    "missing folder": lambda ws, step: str(ws.root / "new" / "deeper" / "out"),
+    "missing folder as a file URL": lambda ws, step: f"file://{ws.root / 'new' / 'out'}",
+    "empty folder": _empty_folder,
+    "beside an input, named like it": lambda ws, step: f"{next(iter(ws.inputs.values()))}-2",
 }
 
 
 @pytest.mark.parametrize("where", ACCEPTED.values(), ids=ACCEPTED.keys())
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_an_allowed_output_is_published_and_an_earlier_one_replaced(
-    step: Step, where: Callable[[Workspace, Step], Path], tmp_path: Path, origin, capsys
+    step: Step, where: Callable[[Workspace, Step], str], tmp_path: Path, origin, capsys
 ) -> None:
+    from kubetrain import storage
+
     ws = workspace(step, tmp_path, origin)
-    output = where(ws, step)
+    spelled = where(ws, step)
+    output = storage.local_path(spelled)
     inputs_before = {name: snapshot(path) for name, path in ws.inputs.items()}
-    assert step.run(ws.inputs, str(output)) == 0, capsys.readouterr().err
+    assert step.run(ws.inputs, spelled) == 0, capsys.readouterr().err
     assert is_output_of(output, step.kind)
     first = snapshot(output)
     (output / "left-by-the-earlier-run.txt").write_bytes(b"x")  # an earlier output, changed
-    assert step.run(ws.inputs, str(output)) == 0, capsys.readouterr().err
+    assert step.run(ws.inputs, spelled) == 0, capsys.readouterr().err
     assert is_output_of(output, step.kind)
     if step.replaces:
         assert set(snapshot(output)) == set(first), "the earlier output was replaced whole"
     assert {name: snapshot(path) for name, path in ws.inputs.items()} == inputs_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"], "nothing published elsewhere"
 
 
 def test_the_rule_knows_each_kind_by_the_marker_its_step_writes(origin: dict[str, Path]) -> None:

@@ -447,3 +447,48 @@ def test_an_earlier_model_on_object_storage_is_replaced(s3_checkpoint: str, caps
         code = main(["collect", "--checkpoint-dir", s3_checkpoint, "--output", output])
         assert code == 0, capsys.readouterr().err
         assert is_output_of(output, MODEL)
+
+
+# --- promote: versions are added inside the registry, never replaced -------------------------
+
+PROMOTE_REFUSALS: dict[str, Callable[[Path, Path], str]] = {
+    "registry == model": lambda ws, model: str(model),
+    "registry == model (trailing slash)": lambda ws, model: f"{model}/",
+    "registry inside the model": lambda ws, model: str(model / "registry"),
+    "registry is a link to the model": lambda ws, model: (
+        (ws / "alias").symlink_to(model, target_is_directory=True),
+        str(ws / "alias"),
+    )[1],
+}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("registry", PROMOTE_REFUSALS.values(), ids=PROMOTE_REFUSALS.keys())
+def test_a_registry_in_the_model_folder_is_refused(
+    registry: Callable[[Path, Path], str], tmp_path: Path, origin: dict[str, Path], capsys
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(origin["model"], model)
+    chosen = registry(tmp_path, model)
+    before = snapshot(tmp_path)
+    code = main(["promote", "--model", str(model), "--registry", chosen, "--version", "v1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("kubetrain promote: error: registry: "), err
+    assert snapshot(tmp_path) == before
+
+
+def test_a_registry_may_hold_the_model_it_promotes(
+    tmp_path: Path, origin: dict[str, Path], capsys
+) -> None:
+    registry = tmp_path / "registry"
+    for model, version in (
+        (origin["model"], "v1"),
+        (registry / "v1", "v2"),
+        (registry / "v1", "v1"),
+    ):
+        code = main(
+            ["promote", "--model", str(model), "--registry", str(registry), "--version", version]
+        )
+        assert code == 0, capsys.readouterr().err
+    assert is_output_of(registry / "v2", MODEL)

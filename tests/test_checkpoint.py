@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,53 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) 
 
 def test_object_storage_checkpoint_dirs_have_no_lock() -> None:
     assert checkpoint.lock_checkpoint_dir("s3://bucket/ckpt") is None
+
+
+@pytest.mark.fault
+def test_a_second_training_job_on_a_running_jobs_folder_fails_and_loses_nothing(
+    tmp_path: Path, digits_dir: Path
+) -> None:
+    """The issue's case with real trainers: job B is started on the folder job A is writing.
+    B stops with one line naming A before it trains; A goes on; A's LATEST and checkpoints
+    are A's and still verify and load."""
+    ckpt_dir = tmp_path / "ckpt"
+    env = {key: v for key, v in os.environ.items() if key not in {"RANK", "WORLD_SIZE"}}
+    train = [sys.executable, "-m", "kubetrain.train", "--data", str(digits_dir)]
+    job_a = subprocess.Popen(
+        [*train, "--epochs", "1000", "--checkpoint-dir", str(ckpt_dir)],
+        env={**env, "OMP_NUM_THREADS": "1", "KUBETRAIN_JOB_NAME": "job-a"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = 120 / 0.05
+        while latest_checkpoint(ckpt_dir) is None and job_a.poll() is None and deadline > 0:
+            time.sleep(0.05)
+            deadline -= 1
+        assert latest_checkpoint(ckpt_dir) is not None, "job A checkpointed"
+        job_b = subprocess.run(
+            [*train, "--epochs", "1", "--seed", "7", "--checkpoint-dir", str(ckpt_dir)],
+            env={**env, "OMP_NUM_THREADS": "1", "KUBETRAIN_JOB_NAME": "job-b"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert job_a.poll() is None, "job A was still writing when job B was refused"
+    finally:
+        job_a.send_signal(signal.SIGKILL)
+        job_a.wait()
+    lines = job_b.stderr.strip().splitlines()
+    assert job_b.returncode == 2 and len(lines) == 1, job_b.stderr
+    assert lines[0].startswith("kubetrain.train: error: --checkpoint-dir: "), lines
+    assert f"{ckpt_dir} is being written by another job (job job-a" in lines[0]
+    newest = latest_checkpoint(ckpt_dir)
+    assert newest is not None
+    manifest = verify_checkpoint(newest)
+    assert [entry["epoch"] for entry in manifest["metrics"]] == list(
+        range(1, manifest["epoch"] + 1)
+    )
+    load_model(newest)  # loads
+    for folder in ckpt_dir.glob("epoch-*"):  # every epoch is A's: its record in A's history
+        earlier = verify_checkpoint(folder)
+        assert earlier["metrics"] == manifest["metrics"][: earlier["epoch"]], folder

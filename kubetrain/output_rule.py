@@ -74,9 +74,11 @@ def is_output_of(location: storage.Location, kind: OutputKind) -> bool:
                 return False
             text = path.read_bytes()
         else:
-            if not storage.is_file(marker):
+            fs, key = storage.resolve(marker)
+            fs.invalidate_cache()
+            if not fs.isfile(key) or fs.size(key) > _MARKER_LIMIT:
                 return False
-            text = storage.read_bytes(marker)
+            text = fs.cat_file(key)
         content = json.loads(text)
     except (OSError, ValueError):
         return False
@@ -84,7 +86,7 @@ def is_output_of(location: storage.Location, kind: OutputKind) -> bool:
 
 
 def _check_local_target(text: str, field: str, kind: OutputKind) -> None:
-    path = storage.local_path(text, field).expanduser()
+    path = storage.local_path(text, field)
     if path.is_symlink() and not path.exists():
         raise InvalidInput(
             field, f"{path} is a broken symbolic link", "give a folder path, not a link"
@@ -151,7 +153,7 @@ def _comparable(location: str, field: str) -> PurePosixPath:
     """A local location's real path (symlinks resolved, also of a folder not yet made), or a
     URL as ``/protocol/bucket/key...`` so that prefixes compare by whole segments."""
     if storage.is_local(location):
-        return PurePosixPath(os.path.realpath(storage.local_path(location, field).expanduser()))
+        return PurePosixPath(os.path.realpath(storage.local_path(location, field)))
     fs, path = storage.resolve(location, field)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return PurePosixPath("/", protocol, *[part for part in path.split("/") if part])

@@ -157,12 +157,13 @@ def _check_output_dir(
         inputs["cache_dir"] = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
     elif scheme != "sklearn":
         inputs["source"] = os.path.expanduser(source) if scheme != "file" else source
-    check_output(output_dir, "output_dir", DATASET, inputs)
-    text = os.fspath(output_dir)
+    text = os.fspath(output_dir) if isinstance(output_dir, str | os.PathLike) else ""
     if "://" in text and not text.startswith("file:"):
+        check_output(text, "output_dir", DATASET, inputs)
         return text
     path = file_url_path(text, "output_dir") if text.startswith("file:") else Path(text)
-    path = path.expanduser()
+    path = path.expanduser()  # prep writes where a shell would have expanded ~
+    check_output(path if text.strip() else text, "output_dir", DATASET, inputs)
     ancestor = path
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

@@ -44,6 +44,7 @@ it to resume, and every FSDP rank writes its shard into it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import json
@@ -428,19 +429,25 @@ def _describe_holder(raw: bytes) -> str:
 
 def lock_checkpoint_dir(checkpoint_dir: PathLike) -> CheckpointLock | None:
     """Make this process the only writer of a local ``checkpoint_dir`` (created if missing),
-    or refuse in one line naming the folder and the job that holds it. Object storage has no
-    lock: None (each job needs a prefix of its own there)."""
+    or refuse in one line naming the folder and the job that holds it. Object storage and
+    filesystems without ``flock`` have no lock: None (each job needs a folder of its own)."""
     if not storage.is_local(checkpoint_dir):
         return None
     folder = storage.local_path(checkpoint_dir, "--checkpoint-dir")
+    path = folder / LOCK_FILE
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except (FileExistsError, NotADirectoryError):
         raise InvalidInput(
             "--checkpoint-dir", f"{folder} is not a folder", "pass a folder path"
         ) from None
-    path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise InvalidInput(
+            "--checkpoint-dir",
+            f"cannot write {path} ({exc.strerror})",
+            "pass a folder this job can write",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -452,6 +459,11 @@ def lock_checkpoint_dir(checkpoint_dir: PathLike) -> CheckpointLock | None:
             "this job would overwrite",
             "give each job its own --checkpoint-dir, or wait until that job ends",
         ) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return None  # a filesystem without locks (some FUSE mounts): as on object storage
+        raise
     except BaseException:
         os.close(fd)
         raise

@@ -360,3 +360,14 @@ def test_a_second_training_job_on_a_running_jobs_folder_fails_and_loses_nothing(
     for folder in ckpt_dir.glob("epoch-*"):  # every epoch is A's: its record in A's history
         earlier = verify_checkpoint(folder)
         assert earlier["metrics"] == manifest["metrics"][: earlier["epoch"]], folder
+
+
+def test_a_filesystem_without_locks_trains_unlocked(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert checkpoint.lock_checkpoint_dir(tmp_path / "ckpt") is None

@@ -160,6 +160,13 @@ _READER = textwrap.dedent(
 def test_a_folder_replaced_in_place_is_never_missing_for_a_reader(tmp_path: Path) -> None:
     """A reader process polls the target while it is replaced again and again: with the swap
     (renameat2 RENAME_EXCHANGE) it sees the old or the new folder every time, never none."""
+    probe = [tmp_path / "probe-a", tmp_path / "probe-b"]
+    for folder in probe:
+        folder.mkdir()
+    if not atomic.exchange(*probe):
+        pytest.skip("this filesystem cannot swap folders; publish_dir renames twice here")
+    for folder in probe:
+        folder.rmdir()
     target, stop = tmp_path / "model", tmp_path / "stop"
 
     def publish(generation: int) -> None:

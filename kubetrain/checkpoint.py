@@ -14,12 +14,20 @@ Layout (format ``kubetrain.checkpoint/v1``)::
 
 How a checkpoint is written, so that a crash never leaves a half-written one that looks done:
 
-1. rank 0 empties the hidden staging folder ``CKPT_DIR/.tmp-epoch-000003`` (a fixed name, so
-   that every FSDP rank writes into the same place), then all ranks meet at a barrier;
+1. rank 0 picks a fresh hidden staging folder ``CKPT_DIR/.tmp-epoch-000003-<uuid>``, removes
+   what earlier attempts at that epoch left and tells every rank its name (every FSDP rank
+   writes into the same place; no pid, which two hosts can share);
 2. the payload goes into the staging folder (rank 0 alone for ddp, every rank for fsdp);
 3. after a barrier, rank 0 writes manifest.json with the sha256 of every payload file, fsyncs
    the folder and renames it to ``epoch-000003`` (:func:`kubetrain.atomic.publish_dir`);
 4. rank 0 atomically rewrites ``LATEST``.
+
+A folder has one writer: the training job's rank 0 holds an ``flock`` on ``CKPT_DIR/.lock``
+for the whole run (:func:`lock_checkpoint_dir`, the holder's identity written inside), so a
+second job given the same folder stops at once instead of overwriting its epochs and flipping
+``LATEST``; the lock dies with the process, so the same job restarted takes it again. The lock
+is local or on a shared volume (flock; NFS v4 carries it): object storage has no lock, and
+two jobs must be given different prefixes there.
 
 Readers ignore dot-folders and folders without a readable manifest, and the manifest is the
 last thing written before the rename, so a checkpoint folder either is complete or is not seen.
@@ -36,11 +44,15 @@ it to resume, and every FSDP rank writes its shard into it.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import io
 import json
 import os
 import pickle
 import shutil
+import socket
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -66,13 +78,14 @@ from kubetrain.checkpoint_manifest import (
     read_manifest,
     verify_checkpoint,
 )
-from kubetrain.errors import IntegrityError, refusal_reason
+from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
     "DCP_DIR", "FORMAT", "LATEST", "MANIFEST", "MODEL_FILE", "OPTIMIZER_FILE", "STRATEGIES",
     "checkpoint_name", "latest_checkpoint", "load_full_state_dict", "load_model",
-    "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint",
+    "lock_checkpoint_dir", "read_manifest", "restore_checkpoint", "save_checkpoint",
+    "verify_checkpoint",
 ]  # fmt: skip
 
 # DCP warns when used without a process group; loading that way is what we mean to do.
@@ -305,9 +318,9 @@ def save_checkpoint(
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
     local = storage.is_local(checkpoint_dir)
     final = storage.join(checkpoint_dir, checkpoint_name(epoch))
-    # Locally a hidden folder renamed into place; on object storage the final prefix itself.
-    target = storage.join(checkpoint_dir, f".tmp-{checkpoint_name(epoch)}") if local else final
     rank = _rank()
+    # Locally a fresh hidden folder renamed into place; on object storage the final prefix.
+    target = _agreed_staging(checkpoint_dir, epoch) if local else final
     if rank == 0:
         _clear(target)
     _barrier()
@@ -352,13 +365,112 @@ def save_checkpoint(
     return final
 
 
+def _agreed_staging(checkpoint_dir: PathLike, epoch: int) -> Path:
+    """A staging folder name unique to this attempt, chosen by rank 0 and told to every rank."""
+    choice: list[Any] = [f".tmp-{checkpoint_name(epoch)}-{uuid.uuid4().hex}"]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(choice, src=0)
+    return Path(storage.join(checkpoint_dir, choice[0]))
+
+
 def _clear(target: PathLike) -> None:
-    """Remove an earlier attempt at ``target``, its manifest first so no reader trusts it."""
+    """Start ``target`` afresh: locally, remove what earlier attempts at the same epoch left
+    (the lock makes this job the folder's only writer) and create it; on object storage remove
+    an earlier attempt, its manifest first so no reader trusts it."""
     if storage.is_local(target):
-        shutil.rmtree(target, ignore_errors=True)
-        Path(target).mkdir(parents=True)
+        staging = Path(target)
+        attempt_prefix = staging.name.rsplit("-", 1)[0] + "-"
+        for earlier in staging.parent.glob(f"{attempt_prefix}*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+        staging.mkdir(parents=True)
         return
     storage.retract(target, MANIFEST)
+
+
+# --- one writer per checkpoint folder ---------------------------------------------------------
+
+LOCK_FILE = ".lock"
+
+
+class CheckpointLock:
+    """An ``flock`` on ``CKPT_DIR/.lock`` held by this process until :meth:`release` (or its
+    death: the kernel drops it, so a restarted process of the same job takes it again)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = -1
+
+
+def job_identity() -> dict[str, Any]:
+    """Who holds a checkpoint folder, for the line another job gets: the job's name where the
+    backend sets ``KUBETRAIN_JOB_NAME``, torchrun's run id, the host (a pod's name on a
+    cluster) and the process."""
+    return {
+        "job": os.environ.get("KUBETRAIN_JOB_NAME") or None,
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _describe_holder(raw: bytes) -> str:
+    try:
+        holder = json.loads(raw)
+        parts = [f"{key} {holder[key]}" for key in ("job", "run_id", "host", "pid", "since")]
+        return ", ".join(part for part in parts if not part.endswith(" None"))
+    except (ValueError, TypeError, KeyError):
+        return "a process that has not yet said who it is"
+
+
+def lock_checkpoint_dir(checkpoint_dir: PathLike) -> CheckpointLock | None:
+    """Make this process the only writer of a local ``checkpoint_dir`` (created if missing),
+    or refuse in one line naming the folder and the job that holds it. Object storage and
+    filesystems without ``flock`` have no lock: None (each job needs a folder of its own)."""
+    if not storage.is_local(checkpoint_dir):
+        return None
+    folder = storage.local_path(checkpoint_dir, "--checkpoint-dir")
+    path = folder / LOCK_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidInput(
+            "--checkpoint-dir", f"{folder} is not a folder", "pass a folder path"
+        ) from None
+    except OSError as exc:
+        raise InvalidInput(
+            "--checkpoint-dir",
+            f"cannot write {path} ({exc.strerror})",
+            "pass a folder this job can write",
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _describe_holder(os.pread(fd, 64 * 1024, 0))
+        os.close(fd)
+        raise InvalidInput(
+            "--checkpoint-dir",
+            f"{folder} is being written by another job ({holder}), whose epochs and LATEST "
+            "this job would overwrite",
+            "give each job its own --checkpoint-dir, or wait until that job ends",
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return None  # a filesystem without locks (some FUSE mounts): as on object storage
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    record = (json.dumps(job_identity(), sort_keys=True) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)
+    return CheckpointLock(path, fd)
 
 
 def _write_ddp_payload(

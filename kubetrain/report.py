@@ -2,7 +2,8 @@
 and the evaluation results, with the training curves and the confusion matrix as PNG images.
 
 The images are embedded as ``data:`` URIs so the single file renders in the KFP UI (an ``HTML``
-artifact) and anywhere else it is copied; :func:`write_report` also writes them as files. Charts
+artifact) and anywhere else it is copied; :func:`write_report` also writes them as files, and
+a ``report.json`` marker by which a later report knows the folder as one it may replace. Charts
 are drawn on Agg canvases owned by this module, never through pyplot's global state, so reports
 can be built in any thread or process without a display.
 """
@@ -12,13 +13,15 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain import atomic
+from kubetrain import atomic, storage
+from kubetrain.output_rule import REPORT, check_output
 
 REPORT_FILE = "report.html"
 CURVES_FILE = "training_curves.png"
@@ -206,11 +209,25 @@ img {{ max-width: 100%; }}
     return Report(html=page, images=images)
 
 
-def write_report(report: Report, directory: str | Path) -> Path:
-    """Publish ``report.html`` and its PNGs as the folder ``directory``, all or nothing (built
-    in a staging folder beside it, then renamed); returns the HTML file's path."""
+def check_report_dir(directory: str | Path, inputs: Mapping[str, str | Path] | None = None) -> None:
+    """Refuse a report folder the one output rule forbids (an existing file, a folder with
+    content that is no earlier report, the model or data folder or a folder inside or around
+    them: ``inputs`` maps their option names to them); call it before the evaluation."""
+    check_output(directory, "report", REPORT, inputs)
+
+
+def write_report(
+    report: Report, directory: str | Path, inputs: Mapping[str, str | Path] | None = None
+) -> Path:
+    """Publish ``report.html``, its PNGs and the ``report.json`` marker as the folder
+    ``directory``, all or nothing (built in a staging folder beside it, then renamed), after
+    :func:`check_report_dir`; returns the HTML file's path."""
+    check_report_dir(directory, inputs)
+    directory = storage.local_path(directory, "report")  # a file:// URL names a local folder
     staged = atomic.staging_dir(directory)
     try:
+        marker = {"format": REPORT.format, "files": [REPORT_FILE, *sorted(report.images)]}
+        (staged / REPORT.marker).write_text(json.dumps(marker, indent=2) + "\n")
         (staged / REPORT_FILE).write_text(report.html, encoding="utf-8")
         for name, png in report.images.items():
             (staged / name).write_bytes(png)

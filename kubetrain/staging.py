@@ -8,16 +8,19 @@ The copy is published atomically and reused when an identical one is already the
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
-from kubetrain import atomic
+from kubetrain import atomic, storage
 from kubetrain.datasets import read_manifest
+from kubetrain.output_rule import DATASET, check_output
 
 
-def stage_dataset(source_dir: str, target_dir: str) -> str:
-    """Publish a copy of ``source_dir`` at ``target_dir`` unless an identical one is there."""
+def stage_dataset(source_dir: str, target_dir: str, field: str = "data_dir") -> str:
+    """Publish a copy of ``source_dir`` at ``target_dir`` unless an identical one is there;
+    ``target_dir`` (the option ``field``) must be one the output rule allows
+    (:mod:`kubetrain.output_rule`), never the source or a folder inside or around it."""
+    check_output(target_dir, field, DATASET, {"data": source_dir})
     source_manifest = read_manifest(source_dir)
-    target = Path(target_dir)
+    target = storage.local_path(target_dir, field)  # a file:// URL names a local folder
     if (target / "manifest.json").is_file():
         if read_manifest(target) == source_manifest:
             return str(target)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,7 @@ from kubetrain.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from kubetrain.errors import IntegrityError
+from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.models import build_model
 
 MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}
@@ -199,7 +204,8 @@ def test_killed_save_is_never_returned_as_latest(
         assert verify_checkpoint(ckpt_dir / "epoch-000002")["epoch"] == 2  # complete, unnamed
     else:
         assert not (ckpt_dir / "epoch-000002").exists()
-        assert (ckpt_dir / ".tmp-epoch-000002").is_dir()  # the debris stays hidden
+        (debris,) = ckpt_dir.glob(".tmp-epoch-000002-*")  # stays hidden, its name unique
+        assert debris.is_dir()
     verify_checkpoint(latest)
     from safetensors.torch import load_file
 
@@ -215,10 +221,153 @@ def test_killed_save_is_never_returned_as_latest(
         "epoch-000002"
     )
     assert latest_checkpoint(ckpt_dir) == ckpt_dir / "epoch-000002"
-    assert not (ckpt_dir / ".tmp-epoch-000002").exists()
+    assert not list(ckpt_dir.glob(".tmp-epoch-000002*")), "the next attempt removed the debris"
     assert_same_weights(load_full_state_dict(ckpt_dir / "epoch-000002"), model)
 
 
 def test_checkpoint_name_sorts_by_epoch() -> None:
     names = [checkpoint.checkpoint_name(epoch) for epoch in (2, 10, 100)]
     assert names == sorted(names) == ["epoch-000002", "epoch-000010", "epoch-000100"]
+
+
+# --- one writer per checkpoint folder ---------------------------------------------------------
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys
+    from kubetrain.checkpoint import lock_checkpoint_dir
+    lock = lock_checkpoint_dir(sys.argv[1])
+    print("held", flush=True)
+    sys.stdin.read()  # holds the folder until killed or told to end
+    """
+)
+
+
+def _hold_in_another_process(ckpt_dir: Path, job: str) -> subprocess.Popen[str]:
+    """A process of job ``job`` holding ``ckpt_dir``'s lock (as a training job's rank 0 does)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(ckpt_dir)],
+        env={**os.environ, "KUBETRAIN_JOB_NAME": job},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_job_on_the_same_checkpoint_dir_is_refused_at_once(
+    tmp_path: Path, digits_dir: Path, capsys, monkeypatch
+) -> None:
+    """Job A (another process) holds the folder; job B's trainer stops before training with one
+    line naming the folder and job A, and writes nothing; once A has died (a crash), the same
+    job restarted takes the folder again."""
+    from kubetrain.train.__main__ import main
+
+    ckpt_dir = tmp_path / "ckpt"
+    holder = _hold_in_another_process(ckpt_dir, "job-a")
+    try:
+        before = sorted(p.name for p in ckpt_dir.iterdir())
+        monkeypatch.setenv("KUBETRAIN_JOB_NAME", "job-b")
+        code = main(["--data", str(digits_dir), "--epochs", "1", "--checkpoint-dir", str(ckpt_dir)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2
+        assert "\n" not in err, err
+        assert err.startswith("kubetrain.train: error: --checkpoint-dir: "), err
+        assert str(ckpt_dir) in err and "job job-a" in err and f"pid {holder.pid}" in err, err
+        assert sorted(p.name for p in ckpt_dir.iterdir()) == before == [".lock"]
+        assert holder.poll() is None, "job A was left alone"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert holder.returncode == -signal.SIGKILL
+    monkeypatch.setenv("KUBETRAIN_JOB_NAME", "job-a")  # A restarted after its crash
+    lock = checkpoint.lock_checkpoint_dir(ckpt_dir)
+    assert lock is not None
+    assert json.loads((ckpt_dir / ".lock").read_text())["job"] == "job-a"
+    lock.release()
+
+
+def test_the_lock_is_released_when_the_run_ends(tmp_path: Path) -> None:
+    first = checkpoint.lock_checkpoint_dir(tmp_path / "ckpt")
+    with pytest.raises(InvalidInput, match="being written by another job"):
+        checkpoint.lock_checkpoint_dir(tmp_path / "ckpt")  # another open file: refused too
+    assert first is not None
+    first.release()
+    second = checkpoint.lock_checkpoint_dir(tmp_path / "ckpt")
+    assert second is not None
+    second.release()
+
+
+@pytest.mark.bad_input
+def test_a_checkpoint_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").write_text("x")
+    with pytest.raises(InvalidInput) as refused:
+        checkpoint.lock_checkpoint_dir(tmp_path / "ckpt")
+    assert refused.value.field == "--checkpoint-dir"
+    assert (tmp_path / "ckpt").read_text() == "x"
+
+
+def test_object_storage_checkpoint_dirs_have_no_lock() -> None:
+    assert checkpoint.lock_checkpoint_dir("s3://bucket/ckpt") is None
+
+
+@pytest.mark.fault
+def test_a_second_training_job_on_a_running_jobs_folder_fails_and_loses_nothing(
+    tmp_path: Path, digits_dir: Path
+) -> None:
+    """The issue's case with real trainers: job B is started on the folder job A is writing.
+    B stops with one line naming A before it trains; A goes on; A's LATEST and checkpoints
+    are A's and still verify and load."""
+    ckpt_dir = tmp_path / "ckpt"
+    env = {key: v for key, v in os.environ.items() if key not in {"RANK", "WORLD_SIZE"}}
+    train = [sys.executable, "-m", "kubetrain.train", "--data", str(digits_dir)]
+    job_a = subprocess.Popen(
+        [*train, "--epochs", "1000", "--checkpoint-dir", str(ckpt_dir)],
+        env={**env, "OMP_NUM_THREADS": "1", "KUBETRAIN_JOB_NAME": "job-a"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = 120 / 0.05
+        while latest_checkpoint(ckpt_dir) is None and job_a.poll() is None and deadline > 0:
+            time.sleep(0.05)
+            deadline -= 1
+        assert latest_checkpoint(ckpt_dir) is not None, "job A checkpointed"
+        job_b = subprocess.run(
+            [*train, "--epochs", "1", "--seed", "7", "--checkpoint-dir", str(ckpt_dir)],
+            env={**env, "OMP_NUM_THREADS": "1", "KUBETRAIN_JOB_NAME": "job-b"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert job_a.poll() is None, "job A was still writing when job B was refused"
+    finally:
+        job_a.send_signal(signal.SIGKILL)
+        job_a.wait()
+    lines = job_b.stderr.strip().splitlines()
+    assert job_b.returncode == 2 and len(lines) == 1, job_b.stderr
+    assert lines[0].startswith("kubetrain.train: error: --checkpoint-dir: "), lines
+    assert f"{ckpt_dir} is being written by another job (job job-a" in lines[0]
+    newest = latest_checkpoint(ckpt_dir)
+    assert newest is not None
+    manifest = verify_checkpoint(newest)
+    assert [entry["epoch"] for entry in manifest["metrics"]] == list(
+        range(1, manifest["epoch"] + 1)
+    )
+    load_model(newest)  # loads
+    for folder in ckpt_dir.glob("epoch-*"):  # every epoch is A's: its record in A's history
+        earlier = verify_checkpoint(folder)
+        assert earlier["metrics"] == manifest["metrics"][: earlier["epoch"]], folder
+
+
+def test_a_filesystem_without_locks_trains_unlocked(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert checkpoint.lock_checkpoint_dir(tmp_path / "ckpt") is None

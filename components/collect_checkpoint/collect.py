@@ -20,6 +20,7 @@ from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
+from kubetrain.output_rule import MODEL, check_output
 from kubetrain.safetensors_header import tensor_names
 from kubetrain.streaming_copy import copy_verified
 
@@ -49,7 +50,8 @@ def collect_checkpoint(
             f"checkpoint_dir {checkpoint_dir} does not exist; check --checkpoint-dir, and that "
             "the training job ran and wrote a checkpoint there"
         )
-    storage.check_location(output_dir, "output")  # refuse an unusable output before the work
+    # before the work: an output the rule allows (never the checkpoint folder itself)
+    check_output(output_dir, "output", MODEL, {"checkpoint_dir": checkpoint_dir})
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is None:
         raise IntegrityError(

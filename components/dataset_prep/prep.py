@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kubetrain import __version__
-from kubetrain.datasets import MANIFEST, write_dataset
+from kubetrain.datasets import write_dataset
 from kubetrain.errors import InvalidInput
 from kubetrain.file_urls import file_url_path
 from kubetrain.integrity import sha256_file
@@ -87,7 +87,8 @@ def prepare_dataset(
     """
     _check_test_fraction(test_fraction)
     _check_seed(seed)
-    out = _check_output_dir(output_dir)
+    check_source(source)
+    out = _check_output_dir(output_dir, source, cache_dir)
     loaded = _load_source(source, cache_dir)
 
     samples: dict[str, np.ndarray] = {}
@@ -142,33 +143,27 @@ def _check_seed(seed: int) -> None:
         raise InvalidInput("seed", f"{seed!r} is not an integer in 0..2**32-1", "give e.g. 0")
 
 
-def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path | str:
-    """Refuse targets we must not replace: files, non-dataset folders with content.
+def _check_output_dir(
+    output_dir: str | os.PathLike[str], source: str, cache_dir: str | None
+) -> Path | str:
+    """Refuse an output the one output rule forbids (:mod:`kubetrain.output_rule`: a file, a
+    non-dataset folder with content, the source folder or the download cache, or a folder
+    inside or around them), and a local folder that cannot be created."""
+    from kubetrain.output_rule import DATASET, check_output
 
-    Publishing replaces the target folder, so a mistyped ``--output ~`` must fail here.
-    """
-    text = os.fspath(output_dir) if isinstance(output_dir, (str, os.PathLike)) else ""
-    if not str(text).strip():
-        raise InvalidInput("output_dir", "is empty", "give a folder path to write the dataset into")
-    text = str(text)
-    if text.startswith("file:"):
-        path = file_url_path(text, "output_dir")
-    elif "://" in text:
-        return _check_remote_output(text)
-    else:
-        path = Path(text).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise InvalidInput(
-                "output_dir", f"{path} exists and is not a folder", "choose a new folder path"
-            )
-        if any(path.iterdir()) and not (path / MANIFEST).is_file():
-            raise InvalidInput(
-                "output_dir",
-                f"{path} is a non-empty folder that is not a kubetrain dataset, and prep "
-                "replaces its output folder",
-                "choose a new or empty folder",
-            )
+    inputs: dict[str, str] = {}
+    scheme = source.partition(":")[0].lower()
+    if scheme == "torchvision":
+        inputs["cache_dir"] = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
+    elif scheme != "sklearn":
+        inputs["source"] = os.path.expanduser(source) if scheme != "file" else source
+    text = os.fspath(output_dir) if isinstance(output_dir, str | os.PathLike) else ""
+    if "://" in text and not text.startswith("file:"):
+        check_output(text, "output_dir", DATASET, inputs)
+        return text
+    path = file_url_path(text, "output_dir") if text.startswith("file:") else Path(text)
+    path = path.expanduser()  # prep writes where a shell would have expanded ~
+    check_output(path if text.strip() else text, "output_dir", DATASET, inputs)
     ancestor = path
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -179,20 +174,6 @@ def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path | str:
             "choose a folder you can write to",
         )
     return path
-
-
-def _check_remote_output(url: str) -> str:
-    """An object-storage prefix: empty, or a dataset that prep may replace."""
-    from kubetrain import storage
-
-    storage.check_location(url, "output_dir")
-    if storage.is_dir(url, "output_dir") and not storage.is_file(storage.join(url, MANIFEST)):
-        raise InvalidInput(
-            "output_dir",
-            f"{url} holds objects but no kubetrain dataset, and prep replaces its output",
-            "choose a new or empty prefix",
-        )
-    return url
 
 
 # --- sources ---------------------------------------------------------------------------------

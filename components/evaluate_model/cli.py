@@ -54,8 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kubetrain.atomic import write_json
     from kubetrain.components.evaluate_model.evaluate import evaluate_model, evaluation_report
-    from kubetrain.report import write_report
+    from kubetrain.report import check_report_dir, write_report
 
+    report_inputs = {"model": args.model, "data": args.data}
+    if args.report:  # the output rule, before the evaluation and the metrics file
+        check_report_dir(args.report, report_inputs)
     result = evaluate_model(args.model, args.data, threshold=args.threshold)
     metrics = result.as_dict()
     if args.json:
@@ -63,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_output:
         write_json(args.metrics_output, metrics)
     if args.report:
-        report = write_report(evaluation_report(args.model, args.data, result), args.report)
+        report = write_report(
+            evaluation_report(args.model, args.data, result), args.report, report_inputs
+        )
     write_output_parameters(
         args.output_parameters,
         {"accuracy": result.accuracy, "loss": result.loss, "passed": result.passed},

@@ -91,6 +91,14 @@ def promote_model(
     validate_accuracy(accuracy)
     if registry.exists() and not registry.is_dir():
         raise InvalidInput("registry", f"{registry} is not a folder", "give a registry folder")
+    real_model, real_registry = Path(os.path.realpath(model)), Path(os.path.realpath(registry))
+    if real_registry == real_model or real_model in real_registry.parents:
+        raise InvalidInput(  # a registry may hold the model (a version), not lie inside it
+            "registry",
+            f"{registry} is or lies inside the model folder {model}, where promote would add "
+            "version folders and PROMOTED",
+            "give a registry folder apart from the model",
+        )
 
     card = read_model_card(str(model))
     target = registry / version

@@ -10,12 +10,14 @@ import torch.distributed as dist
 from torch import nn
 
 from kubetrain.checkpoint import (
+    CheckpointLock,
     latest_checkpoint,
+    lock_checkpoint_dir,
     read_manifest,
     restore_checkpoint,
     save_checkpoint,
 )
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.models import build_model
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
@@ -44,6 +46,25 @@ def _agreed_checkpoint(checkpoint_dir: str) -> str | None:
     return choice[0]
 
 
+def _hold_checkpoint_dir(checkpoint_dir: str, runtime: Runtime) -> CheckpointLock | None:
+    """Rank 0 locks the checkpoint folder for the run; every rank learns whether it could, so
+    a folder another job writes stops all ranks at once with rank 0's one line."""
+    lock, refusal = None, None
+    if runtime.is_main:
+        try:
+            lock = lock_checkpoint_dir(checkpoint_dir)
+        except KubetrainError as exc:
+            refusal = exc
+    outcome: list[Any] = [None if refusal is None else str(refusal)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)
+    if refusal is not None:
+        raise refusal
+    if outcome[0] is not None:
+        raise KubetrainError(f"rank 0 refused the checkpoint folder: {outcome[0]}", exit_code=2)
+    return lock
+
+
 def _check_compatible(ckpt: str, model_info: dict[str, Any]) -> None:
     """Refuse to resume weights into a different model, which would fail or mislead."""
     stored = read_manifest(ckpt)["model"]
@@ -66,7 +87,17 @@ def epoch_line(record: dict[str, Any], epochs: int) -> str:
 
 
 def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
-    """Train to ``options.epochs``; return the last checkpoint written or resumed from."""
+    """Train to ``options.epochs``, as the only job writing ``options.checkpoint_dir``; return
+    the last checkpoint written or resumed from."""
+    lock = _hold_checkpoint_dir(options.checkpoint_dir, runtime)
+    try:
+        return _train(options, runtime, reporter)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
     data = load_data(options.dataset, options.data)
     model_info = {
         "spec": options.model,

@@ -104,6 +104,7 @@ def test_evaluate_cli_publishes_the_report(model_dir, digits_dir, run_python, tm
     assert sorted(p.name for p in out.iterdir()) == [
         "confusion_matrix.png",
         "report.html",
+        "report.json",
         "training_curves.png",
     ]
     page = (out / "report.html").read_text()

@@ -102,6 +102,7 @@ def test_write_report_publishes_the_folder_whole(tmp_path):
     assert sorted(p.name for p in html.parent.iterdir()) == [
         "confusion_matrix.png",
         "report.html",
+        "report.json",
         "training_curves.png",
     ]
     assert (html.parent / "training_curves.png").read_bytes() == report.images[

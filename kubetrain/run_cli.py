@@ -4,10 +4,15 @@ local backend playing Kubeflow Trainer (real multi-process training)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import time
+import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kubetrain import atomic
 from kubetrain.errors import KubetrainError
@@ -123,23 +128,24 @@ def run(args: argparse.Namespace) -> int:
     pipeline_root = args.output.resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     started = time.monotonic()
-    try:
-        outputs = training_pipeline(
-            dataset_source=args.dataset,
-            seed=args.seed,
-            nodes=args.nodes,
-            procs_per_node=args.procs_per_node,
-            strategy=args.strategy,
-            model=args.model,
-            epochs=args.epochs,
-            lr=float(args.lr),
-            batch_size=args.batch_size,
-            accuracy_threshold=float(args.threshold),
-            wait_timeout_seconds=float(args.timeout),
-            storage=args.storage,
-        ).outputs
-    except RuntimeError as exc:
-        raise KubetrainError(f"pipeline failed: {exc}") from exc
+    with stopped_whole_on_interrupt(pipeline_root):
+        try:
+            outputs = training_pipeline(
+                dataset_source=args.dataset,
+                seed=args.seed,
+                nodes=args.nodes,
+                procs_per_node=args.procs_per_node,
+                strategy=args.strategy,
+                model=args.model,
+                epochs=args.epochs,
+                lr=float(args.lr),
+                batch_size=args.batch_size,
+                accuracy_threshold=float(args.threshold),
+                wait_timeout_seconds=float(args.timeout),
+                storage=args.storage,
+            ).outputs
+        except RuntimeError as exc:
+            raise KubetrainError(f"pipeline failed: {exc}") from exc
     elapsed = time.monotonic() - started
     accuracy, passed = outputs["accuracy"], outputs["passed"]
     verdict = "passed" if passed else "below threshold"
@@ -154,6 +160,51 @@ def run(args: argparse.Namespace) -> int:
     print(f"metrics  {outputs['metrics'].path}")
     print(f"report   {publish_report(outputs['report'].path)}")
     return 0 if passed else 3
+
+
+#: Marks every process a `kubetrain run` starts (its steps, their training job), which inherit
+#: it, so an interrupted run can stop all of them and nothing else.
+RUN_ID_ENV = "KUBETRAIN_RUN_ID"
+#: How long an interrupted run's processes get to end on SIGTERM before SIGKILL.
+STOP_GRACE_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
+    """Ctrl-C (SIGINT) or SIGTERM stops the whole run: the running step and the training job
+    it launched (its supervisor, nodes and workers, in sessions of their own that no terminal
+    signal reaches), then one line says so and the run exits 128+N.
+
+    SIGTERM is turned into the KeyboardInterrupt SIGINT raises: on exactly that exception the
+    `with subprocess.Popen` KFP's local runner uses returns without waiting for the step."""
+    from kubetrain.backends.local_processes import stop_marked_processes
+
+    run_id = uuid.uuid4().hex
+    os.environ[RUN_ID_ENV] = run_id
+    received: list[int] = []
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        stopped = stop_marked_processes(RUN_ID_ENV, run_id, STOP_GRACE_SECONDS)
+        raise KubetrainError(
+            f"stopped by {signal.Signals(signum).name}: stopped the running step and its "
+            f"training job ({len(stopped)} process(es)); what the steps wrote stays in "
+            f"{pipeline_root}",
+            exit_code=128 + signum,
+        ) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.environ.pop(RUN_ID_ENV, None)
 
 
 def publish_report(artifact_path: str) -> Path:

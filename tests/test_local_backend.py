@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kubetrain.backends.base import COMPLETE, FAILED
-from kubetrain.backends.local import LocalBackend, process_alive
+from kubetrain.backends.local import LocalBackend
+from kubetrain.testing.processes import process_alive, supervisor_pid
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Resources, TrainJobSpec
 from kubetrain.names import derive_job_name
@@ -197,7 +198,7 @@ def test_delete_leaves_no_process_behind(local_root, tmp_path, monkeypatch):
     workers = [int(p.read_text()) for p in tmp_path.glob("pids-*")]
     assert len(workers) == 4
     status = backend.status("sleepy")
-    supervisor = int((local_root / "sleepy" / "supervisor.pid").read_text())
+    supervisor = supervisor_pid(local_root / "sleepy")
     everything = [supervisor, *workers, *(n.pid for n in status.nodes)]
     assert all(process_alive(pid) for pid in everything)
 
@@ -222,7 +223,7 @@ def test_wait_times_out_with_exit_124(local_root, tmp_path):
 def test_a_dead_supervisor_is_reported_not_waited_on_forever(local_root):
     backend = LocalBackend()
     backend.launch(TrainJobSpec(name="orphan", command=("sleep", "30")))
-    supervisor = int((local_root / "orphan" / "supervisor.pid").read_text())
+    supervisor = supervisor_pid(local_root / "orphan")
     deadline = time.monotonic() + 10
     while backend.status("orphan").state != "Running" and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.components.wait_trainjob.wait import DEFAULT_STALL_TIMEOUT_SECONDS
 from kubetrain.jobs_cli import add_target_arguments, backend_options
 from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
 
@@ -15,8 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Follow a job until it is Complete (exit 0) or Failed (exit with the failing node's "
             "exit code, printing the reason and that node's last log lines), streaming the "
-            "rank-0 node's log lines as they are written. On a cluster, SIGTERM (a cancelled "
-            "pipeline run) deletes or suspends the job before exiting 143."
+            "rank-0 node's log lines as they are written. SIGTERM (a cancelled pipeline run) or "
+            "Ctrl-C stops the job (on a cluster: deletes or suspends it) before exiting 143 or "
+            "130."
         ),
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
@@ -26,6 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=0,
         help="give up after this many seconds (exit 124); default 0 = wait forever",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT_SECONDS,
+        help="stop a running job whose nodes log nothing for this many seconds (a stopped or "
+        f"hung rank) and exit 3; default {DEFAULT_STALL_TIMEOUT_SECONDS:g}, 0 = never",
     )
     parser.add_argument(
         "--on-cancel",
@@ -47,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_seconds=args.timeout,
         on_log_line=None if args.quiet else lambda line: print(line, flush=True),
         options=backend_options(args),
+        stall_timeout_seconds=args.stall_timeout,
     )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
     write_output_parameters(

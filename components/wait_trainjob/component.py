@@ -14,9 +14,11 @@ def wait_trainjob(
     timeout_seconds: float = 0,
     namespace: str = "default",
     on_cancel: str = "delete",
+    stall_timeout_seconds: float = 900,
 ) -> NamedTuple("WaitOutputs", [("state", str), ("duration_seconds", float)]):  # noqa: UP014
     """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
-    exit code and last log lines if the job fails."""
+    exit code and last log lines if the job fails, or with exit 3 (after stopping the job) if
+    it runs with no new log line for ``stall_timeout_seconds`` (0 = never)."""
     import sys
     from collections import namedtuple
 
@@ -30,6 +32,7 @@ def wait_trainjob(
             timeout_seconds=timeout_seconds,
             on_log_line=lambda line: print(line, flush=True),
             options=BackendOptions(namespace=namespace, on_cancel=on_cancel),
+            stall_timeout_seconds=stall_timeout_seconds,
         )
     except JobFailed as failure:
         print(failure, file=sys.stderr, flush=True)

@@ -35,6 +35,8 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
             inputs("timeout_seconds"),
             "--on-cancel",
             inputs("on_cancel"),
+            "--stall-timeout",
+            inputs("stall_timeout_seconds"),
         ],  # fmt: skip
         [
             input_parameter("job_name", "the job launch created"),
@@ -42,6 +44,11 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
             input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
             input_parameter("timeout_seconds", "fail after this many seconds; 0 = never", "0"),
             input_parameter("on_cancel", "delete or suspend the job when stopped", "delete"),
+            input_parameter(
+                "stall_timeout_seconds",
+                "stop a job that logs nothing this long while running (exit 3); 0 = never",
+                "900",
+            ),
         ],
         [
             output_parameter("state", "Complete"),

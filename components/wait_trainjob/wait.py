@@ -3,6 +3,7 @@ failing node's exit code and its last log lines."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -14,6 +15,10 @@ from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.torchrun_report import root_cause
 
 FAILURE_LOG_LINES = 20
+#: A running job silent this long is stalled (0 turns the check off): generous, so a slow
+#: epoch is not mistaken for a hang, yet well inside torch's 30-minute collective timeout,
+#: which is all a stopped rank otherwise meets.
+DEFAULT_STALL_TIMEOUT_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -65,18 +70,27 @@ def wait_for_job(
     timeout_seconds: float = 0,
     on_log_line: Callable[[str], None] | None = print,
     options: BackendOptions | None = None,
+    stall_timeout_seconds: float = DEFAULT_STALL_TIMEOUT_SECONDS,
 ) -> WaitResult:
     """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none.
-    ``options`` (namespace, what to do on cancel) matter to the cluster backends."""
+    A job running with no new log line for ``stall_timeout_seconds`` (0 = never) is stopped and
+    reported as ``JobStalled`` (exit 3). ``options`` (namespace, what to do on cancel) matter
+    to the cluster backends."""
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
-    if not timeout_seconds >= 0:  # NaN too
-        raise InvalidInput(
-            "timeout", f"{timeout_seconds} is not 0 or more", "use 0 (none) or more seconds"
-        )
+    for field, seconds in (("timeout", timeout_seconds), ("stall_timeout", stall_timeout_seconds)):
+        if not 0 <= seconds < math.inf:  # NaN too
+            raise InvalidInput(
+                field, f"{seconds} is not a finite 0 or more", "use 0 (none) or more seconds"
+            )
     backend_impl = get_backend(backend, options)
     started = time.monotonic()
-    status = backend_impl.wait(job_name, timeout=timeout_seconds or None, on_log_line=on_log_line)
+    status = backend_impl.wait(
+        job_name,
+        timeout=timeout_seconds or None,
+        on_log_line=on_log_line,
+        stall_timeout=stall_timeout_seconds or None,
+    )
     if status.state != COMPLETE:
         raise JobFailed(status, last_log_lines(backend_impl, status))
     return WaitResult(

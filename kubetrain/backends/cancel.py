@@ -1,5 +1,6 @@
-"""SIGTERM during a wait: a cancelled pipeline run (KFP, Argo) stops its step's container with
-SIGTERM; the wait then releases the job it follows instead of leaving it running."""
+"""SIGTERM or SIGINT during a wait: a cancelled pipeline run (KFP, Argo) stops its step's
+container with SIGTERM, a person at a terminal presses Ctrl-C (SIGINT); the wait then releases
+the job it follows instead of leaving it running, and says so."""
 
 from __future__ import annotations
 
@@ -24,11 +25,15 @@ class CancelRequest:
     signum: int | None = None
 
 
+#: The signals that cancel a wait.
+CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 @contextlib.contextmanager
-def sigterm_cancels() -> Iterator[CancelRequest]:
-    """While inside, SIGTERM only records a request (the wait then cleans up and exits 143);
-    the previous handler is restored after. Signals reach the main thread only, so elsewhere
-    this installs nothing."""
+def signals_cancel() -> Iterator[CancelRequest]:
+    """While inside, SIGTERM or SIGINT only records a request (the wait then cleans up and
+    exits 128+N: 143 or 130); the previous handlers are restored after. Signals reach the main
+    thread only, so elsewhere this installs nothing."""
     request = CancelRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
@@ -37,8 +42,9 @@ def sigterm_cancels() -> Iterator[CancelRequest]:
     def record(signum: int, _frame: Any) -> None:
         request.signum = signum
 
-    previous = signal.signal(signal.SIGTERM, record)
+    previous = {signum: signal.signal(signum, record) for signum in CANCEL_SIGNALS}
     try:
         yield request
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

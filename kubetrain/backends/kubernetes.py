@@ -29,7 +29,7 @@ import kubernetes.client
 
 from kubetrain.backends import BackendOptions
 from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
-from kubetrain.backends.cancel import Cancelled, sigterm_cancels
+from kubetrain.backends.cancel import Cancelled, signals_cancel
 from kubetrain.backends.kube_client import (
     Action,
     ApiError,
@@ -229,7 +229,7 @@ class KubernetesBackend:
         """Follow the job to its end (see ``WaitSession``). With ``stall_timeout``, a running
         job that prints no rank-0 log line for that long is stopped as a cancelled wait
         stops it (``options.on_cancel``) and reported as ``JobStalled`` (exit 3)."""
-        with sigterm_cancels() as cancel:
+        with signals_cancel() as cancel:
             session = WaitSession(
                 self,
                 name,

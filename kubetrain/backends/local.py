@@ -8,28 +8,54 @@ pipeline step does.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from kubetrain import atomic
-from kubetrain.backends.base import CREATED, FAILED, JobStatus
-from kubetrain.backends.cancel import sigterm_cancels
+from kubetrain.backends.base import CREATED, FAILED, RUNNING, JobStatus
+from kubetrain.backends.cancel import signals_cancel
 from kubetrain.backends.local_files import local_root, node_log, read_status, write_status
-from kubetrain.backends.local_supervisor import program_path, signal_group
+from kubetrain.backends.local_processes import (
+    JOB_ID_ENV,
+    identity_alive,
+    process_identity,
+    stop_job_processes,
+)
+from kubetrain.backends.local_supervisor import program_path
 from kubetrain.backends.log_tail import LogTail
-from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.rules import dns1035_label
 
 POLL_SECONDS = 0.05
 DELETE_GRACE_SECONDS = 10.0
 #: A cancelled wait must leave no process within 5 s (the supervisor's own grace is longer).
 CANCEL_GRACE_SECONDS = 3.0
+#: Processes a local job may start per core of this machine (``KUBETRAIN_LOCAL_MAX_PROCESSES``
+#: overrides the bound): `--nodes 10000` is meant for a cluster, not for one machine.
+PROCESSES_PER_CORE = 8
+MAX_PROCESSES_ENV = "KUBETRAIN_LOCAL_MAX_PROCESSES"
+
+
+def max_local_processes() -> int:
+    if configured := os.environ.get(MAX_PROCESSES_ENV):
+        try:
+            return int(configured)
+        except ValueError:
+            raise InvalidInput(
+                MAX_PROCESSES_ENV, f"{configured!r} is not a whole number", "unset it or give one"
+            ) from None
+    return max(16, PROCESSES_PER_CORE * (os.cpu_count() or 1))
 
 
 class LocalBackend:
@@ -37,7 +63,15 @@ class LocalBackend:
         self.root = Path(root) if root is not None else local_root()
 
     def job_dir(self, name: str) -> Path:
-        return self.root / name
+        """The job's folder: a job name (a DNS label, so no '/' nor '..') joined to the root,
+        and checked to stay under it, so no name reaches a folder outside the root."""
+        dns1035_label(name, "name", "give the name `kubetrain launch` printed")
+        job_dir = self.root / name
+        if job_dir.resolve().parent != self.root.resolve():
+            raise InvalidInput(
+                "name", f"{name!r} leads outside {self.root}", "give the name launch printed"
+            )
+        return job_dir
 
     def existing_job_dir(self, name: str) -> Path:
         job_dir = self.job_dir(name)
@@ -53,6 +87,14 @@ class LocalBackend:
 
     def launch(self, spec: TrainJobSpec) -> str:
         spec.validate()
+        processes, limit = spec.num_nodes * spec.procs_per_node, max_local_processes()
+        if processes > limit:
+            raise InvalidInput(
+                "nodes",
+                f"{spec.num_nodes} node(s) x {spec.procs_per_node} process(es) = {processes} "
+                f"processes on this machine, more than the local limit of {limit}",
+                f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
+            )
         if shutil.which(spec.command[0], path=program_path()) is None:
             raise InvalidInput(
                 "command",
@@ -69,7 +111,10 @@ class LocalBackend:
                 f"a local job named {spec.name!r} already exists",
                 f"choose another name or run `kubetrain delete --backend local {spec.name}`",
             ) from None
-        atomic.write_json(job_dir / "job.json", {"spec": spec.to_dict(), "cwd": os.getcwd()})
+        job_id = uuid.uuid4().hex
+        atomic.write_json(
+            job_dir / "job.json", {"spec": spec.to_dict(), "cwd": os.getcwd(), "id": job_id}
+        )
         write_status(job_dir, JobStatus(name=spec.name, state=CREATED, created_at=time.time()))
         with open(job_dir / "supervisor.log", "ab") as supervisor_log:
             supervisor = subprocess.Popen(
@@ -78,17 +123,22 @@ class LocalBackend:
                 stdout=supervisor_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, JOB_ID_ENV: job_id},
             )
-        atomic.write_text(job_dir / "supervisor.pid", f"{supervisor.pid}\n")
+        atomic.write_json(job_dir / SUPERVISOR_FILE, process_identity(supervisor.pid))
         return spec.name
 
     def status(self, name: str) -> JobStatus:
+        """The job's state. A job whose supervisor died is Failed (SupervisorLost), and the
+        processes it left are stopped: nothing else would ever stop them."""
         job_dir = self.existing_job_dir(name)
         status = read_status(job_dir)
-        if not status.finished and not self._supervisor_alive(job_dir):
+        if not status.finished and not _supervisor_alive(job_dir):
             # Re-read: the supervisor may have finished between the two reads.
             status = read_status(job_dir)
             if not status.finished:
+                if job_id := _job_id(job_dir):
+                    stop_job_processes(job_id, CANCEL_GRACE_SECONDS)
                 status.state, status.reason = FAILED, "SupervisorLost"
                 status.message = "the local supervisor process died; see supervisor.log"
         return status
@@ -98,11 +148,16 @@ class LocalBackend:
         name: str,
         timeout: float | None = None,
         on_log_line: Callable[[str], None] | None = None,
+        stall_timeout: float | None = None,
     ) -> JobStatus:
+        """Follow the job to its end. SIGTERM or SIGINT stops its processes (exit 128+N);
+        with ``stall_timeout``, a running job whose nodes write nothing to their logs for that
+        long (a stopped or hung rank) is stopped and ``JobStalled`` raised."""
         job_dir = self.existing_job_dir(name)
         rank0_log = LogTail(node_log(job_dir, 0))
         deadline = None if timeout is None else time.monotonic() + timeout
-        with sigterm_cancels() as cancel:
+        progress = LogProgress(job_dir)
+        with signals_cancel() as cancel:
             while True:
                 status = self.status(name)
                 for line in rank0_log.read_lines(final=status.finished):
@@ -117,6 +172,14 @@ class LocalBackend:
                         f"{signal.Signals(cancel.signum).name}; stopped its processes (its logs "
                         f"stay in {job_dir}; `kubetrain delete {name}` removes them)",
                         exit_code=128 + cancel.signum,
+                    )
+                if stall_timeout is not None and progress.quiet_for(status) > stall_timeout:
+                    self.stop(name, CANCEL_GRACE_SECONDS)
+                    raise JobStalled(
+                        f"job {name} stalled: no node wrote to its log for {stall_timeout:g}s "
+                        "while running (a stopped or hung rank); stopped its processes (logs in "
+                        f"{job_dir}); raise --stall-timeout if the job may rightly be silent "
+                        "that long"
                     )
                 self._check_deadline(name, status, timeout, deadline)
                 time.sleep(POLL_SECONDS)
@@ -148,46 +211,80 @@ class LocalBackend:
             time.sleep(POLL_SECONDS)
 
     def delete(self, name: str) -> None:
+        job_dir = self.job_dir(name)
+        if not (job_dir / "job.json").is_file():
+            self.existing_job_dir(name)  # no job: JobNotFound, and nothing is removed
         self.stop(name, DELETE_GRACE_SECONDS)
-        shutil.rmtree(self.job_dir(name))
+        shutil.rmtree(job_dir)
 
     def stop(self, name: str, grace_seconds: float) -> None:
-        """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes
-        and records the job as Failed), SIGKILL to whatever is left after ``grace_seconds``."""
-        job_dir = self.existing_job_dir(name)
-        supervisor_pid = self._supervisor_pid(job_dir)
-        if supervisor_pid is not None and self._supervisor_alive(job_dir):
-            signal_group(supervisor_pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_seconds
-            while self._supervisor_alive(job_dir) and time.monotonic() < deadline:
+        """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes and
+        records the job as Failed), then SIGTERM and, after ``grace_seconds``, SIGKILL to every
+        process still carrying the job's identity (``local_processes``). Works on a job whose
+        records are unreadable; only the job's own processes are ever signalled."""
+        job_dir = self.job_dir(name)
+        deadline = time.monotonic() + grace_seconds
+        identity = _supervisor_identity(job_dir)
+        if identity_alive(identity):
+            try:
+                os.kill(int(identity["pid"]), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            while identity_alive(identity) and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
-            signal_group(supervisor_pid, signal.SIGKILL)
-        for node in read_status(job_dir).nodes:
-            if node.pid is not None and node.exit_code is None:
-                signal_group(node.pid, signal.SIGKILL)
-
-    @staticmethod
-    def _supervisor_pid(job_dir: Path) -> int | None:
-        try:
-            return int((job_dir / "supervisor.pid").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def _supervisor_alive(self, job_dir: Path) -> bool:
-        pid = self._supervisor_pid(job_dir)
-        return pid is not None and process_alive(pid)
+        if job_id := _job_id(job_dir):
+            stop_job_processes(job_id, max(0.0, deadline - time.monotonic()))
 
 
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+SUPERVISOR_FILE = "supervisor.json"
+
+
+def _supervisor_identity(job_dir: Path) -> dict | None:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return json.loads((job_dir / SUPERVISOR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _supervisor_alive(job_dir: Path) -> bool:
+    return identity_alive(_supervisor_identity(job_dir))
+
+
+def _job_id(job_dir: Path) -> str:
+    """The job's identity from ``job.json``; when that is unreadable, the supervisor's own
+    environment still names it (so a job with corrupt records can be stopped and deleted)."""
+    try:
+        return str(json.loads((job_dir / "job.json").read_text())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        identity = _supervisor_identity(job_dir)
+        if identity_alive(identity):
+            try:
+                return psutil.Process(int(identity["pid"])).environ()[JOB_ID_ENV]
+            except (psutil.Error, KeyError):
+                pass
+        return ""
+
+
+class LogProgress:
+    """When the job's nodes last wrote to their logs: the stall check's measure of progress
+    (every trainer line, torchrun's own, a checkpoint's message all land there). Time spent
+    before the job runs is not counted."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+        self.sizes: dict[Path, int] = {}
+        self.changed_at = time.monotonic()
+
+    def quiet_for(self, status: JobStatus) -> float:
+        if status.state != RUNNING:
+            self.changed_at = time.monotonic()
+            return 0.0
+        sizes = {}
+        for log in self.job_dir.glob("node-*.log"):
+            try:
+                sizes[log] = log.stat().st_size
+            except OSError:
+                continue
+        if sizes != self.sizes:
+            self.sizes, self.changed_at = sizes, time.monotonic()
+        return time.monotonic() - self.changed_at

@@ -2,9 +2,10 @@
 
 ``$KUBETRAIN_LOCAL_ROOT/<job>/`` (default root ``~/.kubetrain/local``) holds::
 
-    job.json         the spec and the working directory it was launched from
+    job.json         the spec, the working directory it was launched from and the job's id
+                     (in the environment of every process of the job: ``local_processes``)
     status.json      JobStatus, rewritten atomically by the supervisor on every change
-    supervisor.pid   the supervisor process that owns the node processes
+    supervisor.json  the supervisor process (PID and create time) that owns the nodes
     node-<i>.log     stdout+stderr of node i
     checkpoints/     the default checkpoint folder of the job
 """

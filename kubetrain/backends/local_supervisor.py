@@ -22,6 +22,7 @@ from pathlib import Path
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
 from kubetrain.backends.env_references import expand_all
 from kubetrain.backends.local_files import node_log, read_status, write_status
+from kubetrain.backends.local_processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.torchrun_report import describe_code
 
@@ -55,13 +56,14 @@ def core_share(spec: TrainJobSpec) -> str:
 
 def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
     """The environment of one node: its core share (unless set), ours, the spec's, then
-    exactly the Trainer's PET_* set."""
+    exactly the Trainer's PET_* set, and the job's identity (``local_processes``)."""
     return {
         "OMP_NUM_THREADS": core_share(spec),
         **os.environ,
         "PATH": program_path(),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
+        JOB_ID_ENV: os.environ[JOB_ID_ENV],
         "PET_NNODES": str(spec.num_nodes),
         "PET_NPROC_PER_NODE": str(spec.procs_per_node),
         "PET_NODE_RANK": str(rank),
@@ -71,23 +73,11 @@ def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
 
 
 def stop_nodes(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each node's process group, then SIGKILL what is left after a grace period."""
+    """Stop every process of the job but this one: the nodes and the workers they started in
+    sessions of their own, SIGKILL for those still running after a grace period."""
+    stop_job_processes(os.environ[JOB_ID_ENV], GRACE_SECONDS)
     for proc in processes:
-        if proc.poll() is None:
-            signal_group(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
-        time.sleep(POLL_SECONDS)
-    for proc in processes:
-        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def supervise(job_dir: Path) -> JobStatus:

@@ -3,12 +3,26 @@ that no process of a job is left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
-from kubetrain.backends.local import process_alive
+import psutil
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def supervisor_pid(job_dir: Path) -> int:
+    """The PID of a local job's supervisor (``local.SUPERVISOR_FILE``)."""
+    return int(json.loads((job_dir / "supervisor.json").read_text())["pid"])
 
 
 def parent_pids() -> dict[int, int]:

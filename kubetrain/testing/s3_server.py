@@ -66,14 +66,21 @@ def free_port() -> int:
 
 @contextmanager
 def s3_server() -> Iterator[S3Server]:
-    """Start moto's S3 server on 127.0.0.1 and stop it afterwards."""
+    """Start moto's S3 server on 127.0.0.1 and stop it afterwards.
+
+    fsspec caches one filesystem per set of options, and s3fs takes its endpoint from the
+    environment, not the options: a filesystem cached while an earlier server ran would keep
+    talking to that server's (closed) port. The cache is cleared on both sides of a server."""
     from moto.server import ThreadedMotoServer
+    from s3fs import S3FileSystem
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    S3FileSystem.clear_instance_cache()
     try:
         yield S3Server(f"http://127.0.0.1:{port}")
     finally:
         server.stop()
+        S3FileSystem.clear_instance_cache()

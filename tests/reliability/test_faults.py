@@ -16,7 +16,13 @@ import pytest
 
 from kubetrain.backends.local import LocalBackend
 from kubetrain.checkpoint_manifest import latest_checkpoint
-from kubetrain.testing.processes import alive, descendants, kill, wait_for_descendants
+from kubetrain.testing.processes import (
+    alive,
+    descendants,
+    kill,
+    supervisor_pid,
+    wait_for_descendants,
+)
 from kubetrain.testing.tiny_filesystem import (
     run_python_on_tiny_filesystem,
     tiny_filesystem_available,
@@ -71,7 +77,7 @@ def launch_training(data: Path, checkpoints: Path, epochs: int, *extra: str) -> 
 
 def job_processes(local_root: Path, name: str, workers_per_node: int = 1) -> dict[str, list[int]]:
     """The supervisor, each node's torchrun and its workers, once all have started."""
-    supervisor = int((local_root / name / "supervisor.pid").read_text())
+    supervisor = supervisor_pid(local_root / name)
     wait_for_descendants(supervisor, 2 * (1 + workers_per_node), timeout=60)
     nodes = LocalBackend().status(name).nodes
     return {

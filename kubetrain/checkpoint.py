@@ -79,6 +79,7 @@ from kubetrain.checkpoint_manifest import (
     verify_checkpoint,
 )
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
+from kubetrain.format_manifest import check_entry
 
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
@@ -143,6 +144,10 @@ def _read_dcp_metadata(dcp_path: PathLike) -> Any:
             f"checkpoint file {path} holds a {type(metadata).__name__}, not DCP metadata; "
             "use a checkpoint written by kubetrain.train"
         )
+    # the shard files DCP opens are named here, not in manifest.json: the same rule for them
+    for stored in (metadata.storage_data or {}).values():
+        relative = getattr(stored, "relative_path", None)
+        check_entry(dcp_path, relative, f"checkpoint {dcp_path}", f"{_DCP_METADATA_FILE} names")
     return metadata
 
 
@@ -253,13 +258,19 @@ def load_full_state_dict(ckpt_path: PathLike, verify: bool = True) -> dict[str, 
     return _load_safetensors(storage.join(ckpt_path, MODEL_FILE))
 
 
-def load_model(ckpt_path: PathLike, verify: bool = True) -> nn.Module:
-    """Rebuild the checkpoint's model from its manifest and load its weights, for evaluation."""
-    from kubetrain.models import build_model
+def load_model(
+    ckpt_path: PathLike, verify: bool = True, model_factory: str | None = None
+) -> nn.Module:
+    """Rebuild the checkpoint's model from its manifest and load its weights, for evaluation.
+
+    A model of custom code (``package.module:callable``) is built only by ``model_factory``,
+    the caller's explicit choice: the manifest's spec is never imported (see
+    :func:`kubetrain.models.rebuild_model`).
+    """
+    from kubetrain.models import rebuild_model
 
     manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
-    info = manifest["model"]
-    model = build_model(info["spec"], info["sample_shape"], info["num_classes"])
+    model = rebuild_model(manifest["model"], model_factory, f"checkpoint {ckpt_path}")
     model.load_state_dict(load_full_state_dict(ckpt_path, verify=False))
     return model
 

@@ -10,7 +10,19 @@ from typing import Any
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError
-from kubetrain.format_manifest import MANIFEST, read_format_manifest
+from kubetrain.format_manifest import (
+    MANIFEST,
+    MODEL_FIELDS,
+    OBJECT,
+    POSITIVE,
+    RECORDS,
+    WHOLE,
+    Rule,
+    check_digests,
+    check_entry,
+    check_fields,
+    read_format_manifest,
+)
 from kubetrain.training_choices import STRATEGIES
 
 FORMAT = "kubetrain.checkpoint/v1"
@@ -19,7 +31,15 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 DCP_DIR = "dcp"
 _NAME = re.compile(r"epoch-(\d{6,})")
-_REQUIRED_KEYS = ("epoch", "step", "world_size", "strategy", "model", "metrics", "files")
+_FIELDS = {
+    "epoch": WHOLE,
+    "step": WHOLE,
+    "world_size": POSITIVE,
+    "strategy": Rule(lambda value: value in STRATEGIES, f"one of {', '.join(STRATEGIES)}"),
+    "model": OBJECT,
+    "metrics": RECORDS,
+    "files": OBJECT,
+}
 _PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
 
 PathLike = storage.Location
@@ -34,28 +54,26 @@ def checkpoint_name(epoch: int) -> str:
 
 
 def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
-    """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed."""
+    """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed
+    (the names it lists are held to the manifest rule by :func:`listed_files`)."""
+    what = f"checkpoint {ckpt_path}"
     manifest = read_format_manifest(
         ckpt_path,
         FORMAT,
-        what=f"checkpoint {ckpt_path}",
+        what=what,
         if_missing=", so it is not a complete checkpoint; use the folder that CKPT_DIR/LATEST "
         "names",
         if_foreign="it was not written by kubetrain.train",
     )
-    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise IntegrityError(f"checkpoint {ckpt_path}: {MANIFEST} lacks {', '.join(missing)}")
-    for key, kind in (("epoch", int), ("step", int), ("model", dict), ("files", dict)):
-        if not isinstance(manifest[key], kind):
-            raise IntegrityError(
-                f"checkpoint {ckpt_path}: {MANIFEST} field {key!r} is not a {kind.__name__}"
-            )
-    if manifest["strategy"] not in STRATEGIES:
-        raise IntegrityError(
-            f"checkpoint {ckpt_path}: unknown strategy {manifest['strategy']!r} in {MANIFEST}"
-        )
+    check_fields(manifest, _FIELDS, what, MANIFEST)
+    check_fields(manifest["model"], MODEL_FIELDS, what, MANIFEST, within="model.")
     return manifest
+
+
+def listed_files(ckpt_path: PathLike, manifest: dict[str, Any]) -> dict[str, str]:
+    """The manifest's ``files`` once every name passed the manifest rule (a relative path to
+    a regular file inside the folder) and every digest is a sha256; read nothing before."""
+    return check_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
 
 
 def _is_complete(folder: PathLike) -> bool:
@@ -76,9 +94,10 @@ def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
     (a Path for a local CKPT_DIR, a URL for object storage)."""
     if not storage.is_dir(checkpoint_dir):
         return None
-    try:
+    try:  # a FIFO or a link to /dev/zero as LATEST is no pointer: it is not read
+        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it has")
         named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, IntegrityError):
         named = ""
     if _NAME.fullmatch(named) and _is_complete(storage.join(checkpoint_dir, named)):
         return storage.join(checkpoint_dir, named)
@@ -92,11 +111,12 @@ def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
 def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
     """Check every file against its manifest sha256 (naming the bad one); return the manifest."""
     manifest = read_manifest(ckpt_path)
+    files = listed_files(ckpt_path, manifest)
     for required in _PAYLOAD[manifest["strategy"]]:
-        if required not in manifest["files"]:
+        if required not in files:
             raise IntegrityError(
                 f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
                 "it is incomplete, use an earlier checkpoint"
             )
-    storage.verify_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
+    storage.verify_digests(ckpt_path, files, f"checkpoint {ckpt_path}")
     return manifest

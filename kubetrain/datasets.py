@@ -20,7 +20,21 @@ import numpy as np
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, refusal_reason
-from kubetrain.format_manifest import MANIFEST, read_format_manifest
+from kubetrain.format_manifest import (
+    MANIFEST,
+    OBJECT,
+    POSITIVE,
+    REWRITE,
+    SHA256,
+    SHAPE,
+    TEXT,
+    WHOLE,
+    Rule,
+    check_entry,
+    check_fields,
+    read_format_manifest,
+    shown,
+)
 from kubetrain.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
@@ -82,16 +96,46 @@ def _write_staged(
     return manifest
 
 
+_FIELDS = {
+    "classes": Rule(
+        lambda value: isinstance(value, list) and all(isinstance(c, str) for c in value),
+        "a list of strings",
+    ),
+    "num_classes": POSITIVE,
+    "sample_shape": SHAPE,
+    "splits": OBJECT,
+}
+_SPLIT_FIELDS = {"file": TEXT, "count": WHOLE, "sha256": SHA256}
+
+
 def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
-    """The manifest of a dataset folder, or of the one a pointer folder names."""
+    """The manifest of a dataset folder, or of the one a pointer folder names; every malformed
+    field, and every split file against the manifest rule, is one IntegrityError."""
     data_dir = storage.dereference(data_dir)
-    return read_format_manifest(
+    what = f"dataset {data_dir}"
+    manifest = read_format_manifest(
         data_dir,
         FORMAT,
-        what=f"dataset {data_dir}",
+        what=what,
         if_missing="; point --data at a folder written by `kubetrain prep`",
         if_foreign="re-run `kubetrain prep`",
     )
+    check_fields(manifest, _FIELDS, what, MANIFEST)
+    if len(manifest["classes"]) != manifest["num_classes"]:
+        raise IntegrityError(
+            f"{what}: {MANIFEST} names {len(manifest['classes'])} classes but says num_classes "
+            f"{manifest['num_classes']}; {REWRITE}"
+        )
+    for split, entry in manifest["splits"].items():
+        if not isinstance(entry, dict):
+            raise IntegrityError(
+                f"{what}: {MANIFEST} split {shown(split)} is {shown(entry)}, not an object; "
+                f"{REWRITE}"
+            )
+        # the name before the field checks: a non-string file is named as the rule says
+        check_entry(data_dir, entry.get("file"), what, f"{MANIFEST} split {split} names")
+        check_fields(entry, _SPLIT_FIELDS, what, MANIFEST, within=f"splits.{split}.")
+    return manifest
 
 
 def load_split(data_dir: storage.Location, split: str, verify: bool = True):
@@ -100,7 +144,7 @@ def load_split(data_dir: storage.Location, split: str, verify: bool = True):
     from safetensors.torch import load
 
     data_dir = storage.dereference(data_dir)
-    manifest = read_manifest(data_dir)
+    manifest = read_manifest(data_dir)  # which holds the split's file to the manifest rule
     entry = manifest["splits"].get(split)
     if entry is None:
         raise IntegrityError(

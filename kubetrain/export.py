@@ -34,6 +34,17 @@ import torch
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
+from kubetrain.format_manifest import (
+    OBJECT,
+    REWRITE,
+    SHA256,
+    SHAPE,
+    TEXT,
+    check_entry,
+    check_fields,
+    read_format_manifest,
+    shown,
+)
 from kubetrain.model_artifact import load_model
 
 ExportKind = Literal["torch-export", "torchscript"]
@@ -136,13 +147,32 @@ def _check_outputs(
         raise IntegrityError(f"{what} does not compute what the model does: {exc}") from exc
 
 
+_EXPORT_FIELDS = {"file": TEXT, "sha256": SHA256, "model_sha256": SHA256, "sample_shape": SHAPE}
+
+
 def _read_export_card(folder: storage.Location) -> dict[str, Any]:
-    path = storage.join(folder, EXPORT_CARD)
-    if not storage.is_file(path):
+    """``export.json`` (none yet: no exports), every entry's file held to the manifest rule and
+    every malformed field one IntegrityError."""
+    if not storage.exists(storage.join(folder, EXPORT_CARD)):
         return {"format": EXPORT_FORMAT, "exports": {}}
-    card = json.loads(storage.read_text(path))
-    if card.get("format") != EXPORT_FORMAT:
-        raise IntegrityError(f"{path}: format {card.get('format')!r} is not {EXPORT_FORMAT}")
+    what = f"model {folder}"
+    card = read_format_manifest(
+        folder,
+        EXPORT_FORMAT,
+        what=what,
+        if_missing="; export the model again",
+        if_foreign="export the model again with this kubetrain",
+        name=EXPORT_CARD,
+    )
+    check_fields(card, {"exports": OBJECT}, what, EXPORT_CARD)
+    for kind, entry in card["exports"].items():
+        if not isinstance(entry, dict):
+            raise IntegrityError(
+                f"{what}: {EXPORT_CARD} export {shown(kind)} is {shown(entry)}, not an object; "
+                f"{REWRITE}"
+            )
+        check_entry(folder, entry.get("file"), what, f"{EXPORT_CARD} export {kind} names")
+        check_fields(entry, _EXPORT_FIELDS, what, EXPORT_CARD, within=f"exports.{kind}.")
     return card
 
 
@@ -150,17 +180,21 @@ def export_model(
     model_dir: storage.Location,
     kind: ExportKind = "torch-export",
     sample: torch.Tensor | None = None,
+    model_factory: str | None = None,
 ) -> Path | str:
     """Write the model in ``model_dir`` as a ``kind`` program beside it and return its path.
 
     ``sample`` is a batch (≥ 2 rows) to trace and check with; default: random inputs of the
     model's sample shape. The batch dimension stays dynamic. The file is published atomically
     only after its reloaded program matched the eager model, then recorded in ``export.json``.
+    ``model_factory`` builds a model of custom code, which the card's spec alone never does
+    (:func:`kubetrain.models.rebuild_model`).
     """
     if kind not in EXPORT_FILES:
         raise InvalidInput("kind", f"{kind!r} is not one of {get_args(ExportKind)}", "pick one")
     folder = storage.dereference(model_dir)
-    model, card = load_model(folder)
+    record = _read_export_card(folder)  # refused before anything is written
+    model, card = load_model(folder, model_factory=model_factory)
     shape = list(card["model"]["sample_shape"])
     if sample is None:
         sample = _random_batch(shape)
@@ -174,7 +208,6 @@ def export_model(
     _check_outputs(model, kind, data, sample, f"the {kind} export of {folder}")
     target = storage.join(folder, EXPORT_FILES[kind])
     storage.write_bytes(target, data)
-    record = _read_export_card(folder)
     record["exports"][kind] = {
         "file": EXPORT_FILES[kind],
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -189,10 +222,13 @@ def export_model(
     return target
 
 
-def verify_export(model_dir: storage.Location, kind: ExportKind | None = None) -> Path | str:
+def verify_export(
+    model_dir: storage.Location, kind: ExportKind | None = None, model_factory: str | None = None
+) -> Path | str:
     """Check an export against ``export.json`` (sha256 first, before anything is unpickled;
     then that it was made from this very model and still computes what it does) and return
-    its path. ``kind`` defaults to the preferred kind that was exported."""
+    its path. ``kind`` defaults to the preferred kind that was exported; ``model_factory``
+    builds a model of custom code, as for :func:`export_model`."""
     folder = storage.dereference(model_dir)
     exports = _read_export_card(folder)["exports"]
     if kind is None:
@@ -202,13 +238,13 @@ def verify_export(model_dir: storage.Location, kind: ExportKind | None = None) -
             f"model {folder}: no {kind or 'export'} recorded in {EXPORT_CARD}; export it first"
         )
     entry = exports[kind]
-    path = storage.join(folder, entry["file"])
+    path = storage.join(folder, entry["file"])  # a name the manifest rule allows
     if not storage.is_file(path):
         raise IntegrityError(f"model {folder}: {entry['file']} listed in {EXPORT_CARD} is missing")
     data = storage.read_bytes(path)  # checked and loaded from the same bytes: no swap between
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise IntegrityError(f"{path} does not match its sha256 in {EXPORT_CARD}; re-export it")
-    model, card = load_model(folder)
+    model, card = load_model(folder, model_factory=model_factory)
     if card["sha256"] != entry["model_sha256"]:
         raise IntegrityError(f"{path} was exported from another model; re-export it")
     _check_outputs(model, kind, data, _random_batch(entry["sample_shape"]), str(path))

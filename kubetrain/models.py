@@ -1,20 +1,23 @@
 """Model specs: the built-in ``mlp`` and ``cnn``, or a user's ``package.module:callable``.
 
 A spec plus the dataset's sample shape and class count is all that is needed to rebuild a
-model, which is why checkpoints store exactly those three things.
+model, which is why checkpoints store exactly those three things. A stored spec naming custom
+code is rebuilt only from the reader's explicit choice (:func:`rebuild_model`): code a record
+names is not imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from kubetrain.errors import InvalidInput
+from kubetrain.format_manifest import check_model_code
 from kubetrain.training_choices import MODEL_FIX
 
 HIDDEN = 128
@@ -78,17 +81,34 @@ def cnn(sample_shape: Sequence[int], num_classes: int) -> nn.Module:
 _BUILDERS: dict[str, Callable[[Sequence[int], int], nn.Module]] = {"mlp": mlp, "cnn": cnn}
 
 
-def build_model(spec: str, sample_shape: Sequence[int], num_classes: int) -> torch.nn.Module:
-    """Build the model ``spec`` names for inputs of ``sample_shape`` and ``num_classes`` outputs."""
+def build_model(
+    spec: str, sample_shape: Sequence[int], num_classes: int, option: str = "--model"
+) -> torch.nn.Module:
+    """Build the model ``spec`` names for inputs of ``sample_shape`` and ``num_classes`` outputs;
+    ``option`` is where the user gave ``spec``, named by a refusal."""
     shape = [int(dim) for dim in sample_shape]
     if spec in _BUILDERS:
         return _BUILDERS[spec](shape, int(num_classes))
     if ":" not in spec:
-        raise InvalidInput("--model", f"unknown model {spec!r}", MODEL_FIX)
-    factory = import_callable(spec, "--model", MODEL_FIX)
+        raise InvalidInput(option, f"unknown model {spec!r}", MODEL_FIX)
+    factory = import_callable(spec, option, MODEL_FIX)
     model = factory(shape, int(num_classes))
     if not isinstance(model, nn.Module):
         raise InvalidInput(
-            "--model", f"{spec} returned {type(model).__name__}, not a torch.nn.Module", MODEL_FIX
+            option, f"{spec} returned {type(model).__name__}, not a torch.nn.Module", MODEL_FIX
         )
     return model
+
+
+def rebuild_model(
+    recorded: Mapping[str, Any], model_factory: str | None, what: str
+) -> torch.nn.Module:
+    """The model that ``what`` (a checkpoint, a collected model) records, built to take its
+    weights: by ``model_factory`` when the caller names one (the explicit choice wins), else by
+    the record's spec if it is built in; custom code only a record names is refused unimported
+    (:func:`kubetrain.format_manifest.check_model_code`)."""
+    check_model_code(recorded["spec"], model_factory, what)
+    shape, num_classes = recorded["sample_shape"], recorded["num_classes"]
+    if model_factory:
+        return build_model(model_factory, shape, num_classes, option="model_factory")
+    return build_model(recorded["spec"], shape, num_classes)

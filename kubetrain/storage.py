@@ -250,7 +250,11 @@ def folder_digests(root: Location, exclude: tuple[str, ...] = ()) -> dict[str, s
 
 
 def verify_digests(root: Location, expected: dict[str, str], what: str) -> None:
-    """Raise naming the first file under ``root`` that is missing or differs from its digest."""
+    """Raise naming the first file under ``root`` that is missing or differs from its digest;
+    every name is held to the manifest rule before any file is opened."""
+    from kubetrain.format_manifest import check_digests  # it imports this module
+
+    check_digests(root, expected, what)
     for relative, digest in sorted(expected.items()):
         location = join(root, relative)
         try:

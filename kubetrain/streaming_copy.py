@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISDIR
+from stat import S_ISDIR, S_ISREG
 from typing import IO, Any
 
 from kubetrain import atomic
@@ -159,8 +159,12 @@ class _PlainFiles:
         """Nothing is cached."""
 
     def info(self, path: str) -> dict[str, Any]:
+        """fsspec's answer: "other" for a FIFO or a device, as its LocalFileSystem says."""
         stat = os.stat(path)
-        return {"type": "directory" if S_ISDIR(stat.st_mode) else "file", "size": stat.st_size}
+        kind = (
+            "directory" if S_ISDIR(stat.st_mode) else "file" if S_ISREG(stat.st_mode) else "other"
+        )
+        return {"type": kind, "size": stat.st_size}
 
 
 def _is_local(fs: Any) -> bool:
@@ -184,6 +188,10 @@ def _source_size(fs: Any, path: str, source: str) -> int | None:
         raise IntegrityError(f"{source} does not exist; nothing was copied") from exc
     if info.get("type") == "directory":
         raise IntegrityError(f"{source} is a folder, not a file; nothing was copied")
+    if info.get("type") != "file":  # a FIFO would block the copy, /dev/zero never end it
+        raise IntegrityError(
+            f"{source} is not a regular file (a FIFO, a device...); nothing was copied: copy a file"
+        )
     return info.get("size")
 
 

@@ -138,7 +138,8 @@ def test_custom_dataset_and_model_callables_train_in_process(
         "sample_shape": [1, 8, 8],
         "num_classes": 10,
     }
-    assert isinstance(load_model(tmp_path / "epoch-000001")[1], nn.Linear)
+    explicit = load_model(tmp_path / "epoch-000001", model_factory="test_train:tiny_classifier")
+    assert isinstance(explicit[1], nn.Linear)
 
     other_model = [*argv, "--model", "mlp", "--epochs", "2"]
     assert main(other_model) == 2  # resuming tiny_classifier weights into an mlp is refused

@@ -28,6 +28,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(model.pt2) or torchscript (model.torchscript.pt); default none"
         ),
     )
+    parser.add_argument(
+        "--model-factory",
+        default="",
+        metavar="SPEC",
+        help=(
+            "package.module:callable that builds the model, for an export of a checkpoint of "
+            "custom model code: the code its manifest names is imported only when given here"
+        ),
+    )
     add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -35,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 
-    model = collect_checkpoint(args.checkpoint_dir, args.output, args.export)
+    model = collect_checkpoint(
+        args.checkpoint_dir, args.output, args.export, model_factory=args.model_factory
+    )
     card = model.card
     print(
         f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "

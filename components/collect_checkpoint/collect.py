@@ -18,6 +18,7 @@ from typing import Any
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.format_manifest import check_model_code
 from kubetrain.integrity import sha256_file
 from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
 from kubetrain.output_rule import MODEL, check_output
@@ -37,9 +38,19 @@ EXPORT_KINDS = ("none", "torch-export", "torchscript")
 
 
 def collect_checkpoint(
-    checkpoint_dir: str, output_dir: str, export: str = "none"
+    checkpoint_dir: str, output_dir: str, export: str = "none", model_factory: str = ""
 ) -> CollectedModel:
-    from kubetrain.checkpoint_manifest import latest_checkpoint, read_manifest, verify_checkpoint
+    """Publish the newest complete checkpoint of ``checkpoint_dir`` as a model in ``output_dir``.
+
+    ``model_factory`` (``package.module:callable``) builds the model an export traces when the
+    checkpoint records custom code, which is never imported on the manifest's word alone.
+    """
+    from kubetrain.checkpoint_manifest import (
+        latest_checkpoint,
+        listed_files,
+        read_manifest,
+        verify_checkpoint,
+    )
 
     if not checkpoint_dir:
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
@@ -58,8 +69,12 @@ def collect_checkpoint(
             f"checkpoint_dir {checkpoint_dir} holds no complete checkpoint (no LATEST pointer and "
             "no epoch-* folder with a manifest); check the training job's logs"
         )
-    # DDP's model file is verified while it is copied; FSDP's shards before they are gathered.
+    # Every name the manifest lists is held to the manifest rule before any file is opened;
+    # DDP's model file is verified while it is copied, FSDP's shards before they are gathered.
     manifest = read_manifest(checkpoint)
+    listed_files(checkpoint, manifest)
+    if export != "none":  # the export rebuilds the model: refused now, not after the copy
+        check_model_code(manifest["model"]["spec"], model_factory, f"checkpoint {checkpoint}")
     if manifest["strategy"] == "fsdp":
         verify_checkpoint(checkpoint)
     elif MODEL_FILE not in manifest["files"]:
@@ -76,7 +91,8 @@ def collect_checkpoint(
         if export != "none":
             from kubetrain.export import export_model
 
-            export_model(staged, export)  # checked against the model before it is kept
+            # checked against the model before it is kept
+            export_model(staged, export, model_factory=model_factory or None)
         # the model file's sha256 was verified as it was staged: not hashed again to upload it
         storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: model_sha256})
     finally:

@@ -32,11 +32,18 @@ def collect_checkpoint_template(
             inputs("output"),
             "--export",
             inputs("export"),
+            "--model-factory",
+            inputs("model_factory"),
         ],  # fmt: skip
         [
             input_parameter("checkpoint_dir", "folder the training job wrote"),
             input_parameter("output", "folder to publish the model in"),
             input_parameter("export", "none, torch-export or torchscript", "none"),
+            input_parameter(
+                "model_factory",
+                "package.module:callable building a custom model to export; empty: built-in",
+                "",
+            ),
         ],
         [
             output_parameter("model_dir", "the published model folder"),

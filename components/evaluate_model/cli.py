@@ -26,6 +26,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.95,
         help="accuracy (a fraction) the model must reach; default 0.95",
     )
+    parser.add_argument(
+        "--model-factory",
+        default="",
+        metavar="SPEC",
+        help=(
+            "package.module:callable that builds the model, for a model of custom code: the "
+            "code its model.json names is imported only when given here (mlp and cnn need none)"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print all metrics as JSON")
     parser.add_argument(
         "--metrics-output",
@@ -59,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     report_inputs = {"model": args.model, "data": args.data}
     if args.report:  # the output rule, before the evaluation and the metrics file
         check_report_dir(args.report, report_inputs)
-    result = evaluate_model(args.model, args.data, threshold=args.threshold)
+    result = evaluate_model(
+        args.model, args.data, threshold=args.threshold, model_factory=args.model_factory
+    )
     metrics = result.as_dict()
     if args.json:
         print(json.dumps(metrics, indent=2))

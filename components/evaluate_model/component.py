@@ -15,9 +15,12 @@ def evaluate_model(
     classification_metrics: dsl.Output[dsl.ClassificationMetrics],
     report: dsl.Output[dsl.HTML],
     threshold: float = 0.95,
+    model_factory: str = "",
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool), ("accuracy", float)]):  # noqa: UP014
     """Score the model on the held-out split; ``passed`` (accuracy >= threshold) is for dsl.If.
-    ``report`` is one self-contained HTML page (images embedded) that the KFP UI renders."""
+    ``report`` is one self-contained HTML page (images embedded) that the KFP UI renders.
+    ``model_factory``: package.module:callable building a model of custom code, which the
+    model card's spec alone never imports."""
     from collections import namedtuple
 
     from kubetrain.atomic import write_text
@@ -25,7 +28,7 @@ def evaluate_model(
     from kubetrain.components.evaluate_model.evaluate import evaluation_report
     from kubetrain.process_exit import skip_exit_collection
 
-    result = evaluate(model.path, dataset.path, threshold=threshold)
+    result = evaluate(model.path, dataset.path, threshold=threshold, model_factory=model_factory)
     metrics.log_metric("accuracy", result.accuracy)
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("test_samples", result.samples)

@@ -63,7 +63,15 @@ def per_class_counts(
     return matrix.tolist(), precision.tolist(), recall.tolist()
 
 
-def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Evaluation:
+def evaluate_model(
+    model_dir: str, data_dir: str, threshold: float = 0.95, model_factory: str = ""
+) -> Evaluation:
+    """Score the model in ``model_dir`` on the test split of ``data_dir``.
+
+    ``model_factory`` (``package.module:callable``) builds the model when its card records
+    custom code: the card is covered by no digest, so the code it names is never imported on
+    its word alone (built-in models need nothing).
+    """
     import torch
 
     from kubetrain.datasets import load_split, read_manifest
@@ -86,7 +94,7 @@ def evaluate_model(model_dir: str, data_dir: str, threshold: float = 0.95) -> Ev
             f"has {dataset['num_classes']} classes, the model predicts {spec['num_classes']}",
             "evaluate on the dataset the model was trained with",
         )
-    model, _ = load_model(model_dir, card)
+    model, _ = load_model(model_dir, card, model_factory=model_factory or None)
 
     x, y = load_split(data_dir, "test")
     total_loss, predictions = 0.0, []

@@ -39,6 +39,8 @@ def evaluate_model_template(
             inputs("data"),
             "--threshold",
             inputs("threshold"),
+            "--model-factory",
+            inputs("model_factory"),
             "--no-fail-below-threshold",
             "--metrics-output",
             METRICS_PATH,
@@ -48,6 +50,11 @@ def evaluate_model_template(
         [
             input_parameter("data", "dataset folder written by the prep step"),
             input_parameter("threshold", "accuracy (a fraction) the model must reach", "0.95"),
+            input_parameter(
+                "model_factory",
+                "package.module:callable building a model of custom code; empty: built-in",
+                "",
+            ),
         ],
         [
             output_parameter("accuracy", "test accuracy"),

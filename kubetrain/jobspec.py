@@ -7,70 +7,45 @@ once, before any backend creates anything.
 
 from __future__ import annotations
 
+import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput
 from kubetrain.images import TRAINER_IMAGE
 
-NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME_LENGTH = 63
-ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Kubernetes resource quantity: a number with an optional binary/decimal suffix or exponent.
-QUANTITY_PATTERN = re.compile(
-    r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
-)
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 RESERVED_ENV_PREFIX = "PET_"
-# Label keys: optional DNS-subdomain prefix + "/" + name; values: at most 63 characters.
-LABEL_NAME_PATTERN = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-DNS_SUBDOMAIN_PATTERN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 TOLERATION_OPERATORS = ("Equal", "Exists")
-TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MAX_SCRIPT_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
 MAX_RESTARTS = 100
-
-
-def validate_name(name: str, field_name: str = "name") -> str:
-    if not name:
-        raise InvalidInput(field_name, "is empty", "give a name like 'mnist-ddp'")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidInput(
-            field_name,
-            f"{name!r} is {len(name)} characters, more than {MAX_NAME_LENGTH}",
-            "use a shorter name",
-        )
-    if not NAME_PATTERN.match(name):
-        raise InvalidInput(
-            field_name,
-            f"{name!r} is not an RFC 1035 label",
-            "use lowercase letters, digits and '-', starting with a letter and not ending in '-'",
-        )
-    return name
+#: What the renderers add to every pod that ships a script (a ConfigMap volume mounted here),
+#: so the user's volumes can be checked against them before anything is rendered.
+SCRIPT_VOLUME = "kubetrain-script"
+SCRIPT_MOUNT_PATH = "/workspace"
+#: A storage URI: an RFC 3986 scheme, "://", then no whitespace.
+STORAGE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 def validate_labels(labels: dict[str, str], field_name: str) -> None:
+    """Keys are qualified names, values label values: what the API server checks on labels
+    and on a node selector."""
     for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        valid_key = (
-            bool(name)
-            and len(name) <= 63
-            and LABEL_NAME_PATTERN.match(name)
-            and (not prefix or (len(prefix) <= 253 and DNS_SUBDOMAIN_PATTERN.match(prefix)))
-        )
-        if not valid_key:
+        rules.qualified_name(key, field_name)
+        rules.label_value(value, field_name)
+
+
+def _refuse_nul(values: Iterable[str], field_name: str) -> None:
+    """A NUL byte cannot reach a process's argv or environment: the node would fail to start."""
+    for value in values:
+        if "\0" in value:
             raise InvalidInput(
-                field_name, f"{key!r} is not a valid label key", "use e.g. team or example.com/team"
-            )
-        if len(value) > 63 or not LABEL_NAME_PATTERN.match(value):
-            raise InvalidInput(
-                field_name,
-                f"value {value!r} of {key} is not a valid label value",
-                "use at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
+                field_name, f"{rules.shown(value)} holds a NUL byte", "remove the NUL byte"
             )
 
 
@@ -84,19 +59,28 @@ class Toleration:
     effect: str = ""
 
     def validate(self) -> None:
-        if self.operator not in TOLERATION_OPERATORS:
+        """The API server's rules (validateTolerations): an empty key tolerates every taint
+        and needs Exists; Exists takes no value."""
+        rules.one_of(self.operator, "tolerations.operator", TOLERATION_OPERATORS)
+        if self.key:
+            rules.qualified_name(self.key, "tolerations.key")
+        elif self.operator != "Exists":
             raise InvalidInput(
-                "tolerations.operator", f"{self.operator!r} is unknown", "use Equal or Exists"
-            )
-        if self.effect not in TOLERATION_EFFECTS:
-            raise InvalidInput(
-                "tolerations.effect",
-                f"{self.effect!r} is unknown",
-                "use NoSchedule, PreferNoSchedule, NoExecute or leave it empty",
+                "tolerations.key",
+                "is empty with operator Equal",
+                "give the taint's key, or no value to tolerate every taint (operator Exists)",
             )
         if self.operator == "Exists" and self.value:
             raise InvalidInput(
                 "tolerations.value", "must be empty with operator Exists", "drop the value"
+            )
+        rules.label_value(self.value, "tolerations.value")
+        if self.effect:
+            rules.one_of(
+                self.effect,
+                "tolerations.effect",
+                TAINT_EFFECTS,
+                "use NoSchedule, PreferNoSchedule, NoExecute or leave it empty",
             )
 
 
@@ -111,19 +95,14 @@ class Initializer:
     secret_name: str = ""
 
     def validate(self, field_name: str) -> None:
-        scheme, sep, rest = self.storage_uri.partition("://")
-        if not sep or not scheme or not rest:
+        if not isinstance(self.storage_uri, str) or not STORAGE_URI.fullmatch(self.storage_uri):
             raise InvalidInput(
                 f"{field_name}.storage_uri",
-                f"{self.storage_uri!r} is not a URI",
+                f"{rules.shown(self.storage_uri)} is not a URI",
                 "use e.g. hf://org/dataset or s3://bucket/path",
             )
-        if self.secret_name and not DNS_SUBDOMAIN_PATTERN.match(self.secret_name):
-            raise InvalidInput(
-                f"{field_name}.secret_name",
-                f"{self.secret_name!r} is not a Secret name",
-                "name an existing Secret (lowercase, digits, '-', '.')",
-            )
+        if self.secret_name:
+            rules.dns1123_subdomain(self.secret_name, f"{field_name}.secret_name")
 
 
 @dataclass(frozen=True)
@@ -136,14 +115,9 @@ class Resources:
 
     def validate(self, field_name: str = "resources") -> None:
         for key, value in (("cpu", self.cpu), ("memory", self.memory)):
-            if value and not QUANTITY_PATTERN.match(value):
-                raise InvalidInput(
-                    f"{field_name}.{key}",
-                    f"{value!r} is not a Kubernetes quantity",
-                    "write it like '2', '500m' or '4Gi'",
-                )
-        if self.gpu < 0:
-            raise InvalidInput(f"{field_name}.gpu", f"{self.gpu} is negative", "use 0 or more")
+            if value:
+                rules.quantity(value, f"{field_name}.{key}")
+        rules.whole_number(self.gpu, f"{field_name}.gpu", 0)
 
 
 @dataclass(frozen=True)
@@ -156,13 +130,28 @@ class Volume:
     read_only: bool = False
 
     def validate(self) -> None:
-        validate_name(self.name, "volumes.name")
-        if not self.claim_name:
-            raise InvalidInput("volumes.claim_name", "is empty", "name an existing PVC")
-        if not self.mount_path.startswith("/"):
+        rules.dns1123_label(self.name, "volumes.name")
+        rules.dns1123_subdomain(
+            self.claim_name, "volumes.claim_name", "give the name of an existing PVC, e.g. my-pvc"
+        )
+        path = self.mount_path
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
             raise InvalidInput(
-                "volumes.mount_path", f"{self.mount_path!r} is not absolute", "use e.g. /mnt/shared"
+                "volumes.mount_path",
+                f"{rules.shown(path)} is not an absolute path",
+                "use e.g. /mnt/shared",
             )
+        if ".." in path.split("/"):
+            raise InvalidInput(
+                "volumes.mount_path",
+                f"{rules.shown(path)} has a '..' part, which Kubernetes refuses",
+                "use the path without '..', e.g. /mnt/shared",
+            )
+
+    @property
+    def mount_point(self) -> str:
+        """The mount path as the node sees it: "/mnt/x/" and "/mnt//x" are both "/mnt/x"."""
+        return posixpath.normpath(self.mount_path)
 
 
 @dataclass(frozen=True)
@@ -173,13 +162,8 @@ class RuntimeRef:
     kind: str = "ClusterTrainingRuntime"
 
     def validate(self) -> None:
-        validate_name(self.name, "runtime")
-        if self.kind not in RUNTIME_KINDS:
-            raise InvalidInput(
-                "runtime.kind",
-                f"{self.kind!r} is unknown",
-                f"use one of {', '.join(RUNTIME_KINDS)}",
-            )
+        rules.dns1123_subdomain(self.name, "runtime")
+        rules.one_of(self.kind, "runtime.kind", RUNTIME_KINDS)
 
 
 @dataclass(frozen=True)
@@ -220,70 +204,48 @@ class TrainJobSpec:
     script: str = ""
 
     def validate(self) -> TrainJobSpec:
-        validate_name(self.name)
+        rules.dns1035_label(self.name, "name")
         if not self.command or not all(isinstance(part, str) and part for part in self.command):
             raise InvalidInput(
                 "command", "is empty", "give the program to run, e.g. torchrun train.py"
             )
-        if not self.image or any(ch.isspace() for ch in self.image):
-            raise InvalidInput(
-                "image",
-                f"{self.image!r} is not an image reference",
-                "use e.g. ghcr.io/org/trainer:1.0",
-            )
-        for count_field, value in (
-            ("nodes", self.num_nodes),
-            ("procs_per_node", self.procs_per_node),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInput(
-                    count_field, f"{value!r} is not a whole number >= 1", "use 1 or more"
-                )
+        _refuse_nul(self.command, "command")
+        _refuse_nul(self.args, "command")
+        rules.image_reference(self.image, "image")
+        rules.whole_number(self.num_nodes, "nodes", 1)
+        rules.whole_number(self.procs_per_node, "procs_per_node", 1)
         for key in self.env:
-            if not ENV_NAME_PATTERN.match(key):
-                raise InvalidInput(
-                    "env",
-                    f"{key!r} is not a valid variable name",
-                    "use letters, digits and '_', not starting with a digit",
-                )
+            rules.env_var_name(key, "env")
             if key.startswith(RESERVED_ENV_PREFIX):
                 raise InvalidInput(
                     "env",
                     f"{key} is set by the Trainer itself",
                     "use --nodes/--procs-per-node instead of PET_* variables",
                 )
+        _refuse_nul(self.env.values(), "env")
         self.resources_per_node.validate("resources_per_node")
         self.runtime.validate()
-        for volume in self.volumes:
-            volume.validate()
+        self._validate_volumes()
         validate_labels(self.labels, "labels")
         validate_labels(self.pod_labels, "pod_labels")
         validate_labels(self.node_selector, "node_selector")
         for toleration in self.tolerations:
             toleration.validate()
-        if self.service_account and not DNS_SUBDOMAIN_PATTERN.match(self.service_account):
-            raise InvalidInput(
-                "service_account",
-                f"{self.service_account!r} is not a ServiceAccount name",
-                "use lowercase letters, digits, '-' and '.'",
-            )
-        if self.storage_secret and not DNS_SUBDOMAIN_PATTERN.match(self.storage_secret):
-            raise InvalidInput(
-                "storage_secret",
-                f"{self.storage_secret!r} is not a Secret name",
-                "use lowercase letters, digits, '-' and '.'",
-            )
-        if not 0 <= self.max_restarts <= MAX_RESTARTS:
-            raise InvalidInput(
-                "max_restarts",
-                f"{self.max_restarts} is outside 0..{MAX_RESTARTS}",
-                "use 0 (fail on the first node failure) or a small number like 3",
-            )
-        if self.active_deadline_seconds is not None and self.active_deadline_seconds < 1:
-            raise InvalidInput(
-                "active_deadline_seconds",
-                f"{self.active_deadline_seconds} is below 1",
-                "use a positive number of seconds, or none",
+        if self.service_account:
+            rules.dns1123_subdomain(self.service_account, "service_account")
+        if self.storage_secret:
+            rules.dns1123_subdomain(self.storage_secret, "storage_secret")
+        rules.whole_number(
+            self.max_restarts,
+            "max_restarts",
+            0,
+            MAX_RESTARTS,
+            "use 0 (fail on the first node failure) or a small number like 3",
+        )
+        if self.active_deadline_seconds is not None:
+            # An int64 in the Job and the TrainJob.
+            rules.whole_number(
+                self.active_deadline_seconds, "active_deadline_seconds", 1, rules.INT64_MAX
             )
         if self.dataset_initializer is not None:
             self.dataset_initializer.validate("dataset_initializer")
@@ -292,6 +254,32 @@ class TrainJobSpec:
         if self.script:
             self._validate_script()
         return self
+
+    def _validate_volumes(self) -> None:
+        """Each volume valid, with a name and a mount point of its own: the API server refuses
+        a pod with two volumes of one name or two mounts at one path, counting the script's
+        volume the renderers add."""
+        names, points = ({SCRIPT_VOLUME}, {SCRIPT_MOUNT_PATH}) if self.script else (set(), set())
+        for volume in self.volumes:
+            volume.validate()
+            if volume.name in names:
+                used = "by the shipped script" if volume.name == SCRIPT_VOLUME else "twice"
+                raise InvalidInput(
+                    "volumes.name", f"{volume.name} is used {used}", "give each volume its own name"
+                )
+            if volume.mount_point in points:
+                where = (
+                    "is where the shipped script is mounted"
+                    if volume.mount_point == SCRIPT_MOUNT_PATH and self.script
+                    else "is mounted twice"
+                )
+                raise InvalidInput(
+                    "volumes.mount_path",
+                    f"{volume.mount_point} {where}",
+                    "use a path of its own for each volume, e.g. /mnt/shared",
+                )
+            names.add(volume.name)
+            points.add(volume.mount_point)
 
     def _validate_script(self) -> None:
         path = Path(self.script)

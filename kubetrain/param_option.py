@@ -1,13 +1,18 @@
-"""``--param NAME=VALUE``, as `argo submit -p` and `kfp run create` take parameters."""
+"""``--param NAME=VALUE``, as `argo submit -p` and `kfp run create` take parameters, and what
+the steps accept for each: `submit kfp|argo` and `run` refuse a value a step would refuse before
+a server is contacted or a step runs, with the step's own rule (``kubetrain.rules``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput
-from kubetrain.training_choices import STRATEGIES, is_model_spec
+from kubetrain.training_choices import STRATEGIES
+
+T = TypeVar("T")
 
 
 def split_param(pair: str, declared: Collection[str], owner: str) -> tuple[str, str]:
@@ -24,64 +29,106 @@ def split_param(pair: str, declared: Collection[str], owner: str) -> tuple[str, 
 
 
 class Rule(NamedTuple):
-    """What a step accepts for a parameter: ``accepts(text)``, said as ``expected``."""
+    """What a step accepts for a parameter: ``check(text, field)`` raises the step's
+    ``InvalidInput`` for a value the step would refuse; ``example`` is one it accepts."""
 
-    accepts: Callable[[str], bool]
-    expected: str
+    check: Callable[[str, str], object]
     example: str
 
-
-def _whole(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
+    def accepts(self, text: str) -> bool:
+        try:
+            self.check(text, "value")
+        except InvalidInput:
+            return False
+        return True
 
 
-def _whole_in(low: int, high: int | None, example: str) -> Rule:
-    def accepts(text: str) -> bool:
-        value = _whole(text)
-        return value is not None and value >= low and (high is None or value < high)
+def _parsed(
+    parse: Callable[[str], T], kind: str, rule: Callable[[T, str], object], example: str
+) -> Rule:
+    """A number parameter: ``parse`` reads the text as the step's option does, ``rule`` checks
+    the value."""
 
-    expected = (
-        f"a whole number >= {low}" if high is None else f"a whole number in {low}..{high - 1}"
-    )
-    return Rule(accepts, expected, example)
+    def check(text: str, field: str) -> object:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise InvalidInput(
+                field, f"{rules.shown(text)} is not {kind}", f"give e.g. {example}"
+            ) from None
+        return rule(value, field)
+
+    return Rule(check, example)
 
 
-def _number_in(accepts: Callable[[float], bool], expected: str, example: str) -> Rule:
-    return Rule(lambda text: (v := _number(text)) is not None and accepts(v), expected, example)
+def _whole(low: int, example: str, high: int = rules.INT32_MAX) -> Rule:
+    return _parsed(
+        int, "a whole number", lambda value, field: rules.whole_number(value, field, low, high),
+        example,
+    )  # fmt: skip
+
+
+def _within(accepts: Callable[[float], bool], expected: str, example: str) -> Rule:
+    """A finite number a step other than launch checks with ``accepts``."""
+
+    def rule(value: float, field: str) -> None:
+        if not (math.isfinite(value) and accepts(value)):
+            raise InvalidInput(
+                field, f"{rules.shown(value)} is not {expected}", f"give e.g. {example}"
+            )
+
+    return _parsed(float, "a number", rule, example)
+
+
+def _text(rule: Callable[[str, str], object], example: str, optional: bool = False) -> Rule:
+    """A text parameter checked with ``rule``; when ``optional``, empty means the default."""
+
+    def check(text: str, field: str) -> object:
+        return text if optional and text == "" else rule(text, field)
+
+    return Rule(check, example)
 
 
 def _one_of(*choices: str) -> Rule:
-    return Rule(lambda text: text in choices, f"one of {', '.join(choices)}", choices[0])
+    return _text(lambda text, field: rules.one_of(text, field, choices), choices[0])
 
 
-# What the steps accept for the pipeline's and the workflow's parameters (kept literal: this
-# module is imported by `kubetrain --help`). A value a step would refuse is refused when the run
-# is submitted, before the steps before it spend time and write outputs.
+def _location(text: str, field: str) -> None:
+    """A folder the nodes use: a path or a URL of a protocol fsspec knows (launch's check)."""
+    from kubetrain import storage  # not for `kubetrain --help`
+
+    storage.check_protocol(text, field)
+
+
+# What the steps accept for the pipeline's and the workflow's parameters. A value a step would
+# refuse is refused when the run is submitted, before the steps before it spend time and write
+# outputs.
 VALUE_RULES: dict[str, Rule] = {
-    "nodes": _whole_in(1, None, "2"),
-    "procs_per_node": _whole_in(1, None, "1"),
-    "epochs": _whole_in(1, None, "10"),
-    "batch_size": _whole_in(1, None, "32"),
-    "gpu": _whole_in(0, None, "1"),
-    "seed": _whole_in(0, 2**32, "0"),
-    "lr": _number_in(lambda v: v > 0, "a number > 0", "0.001"),
-    "test_fraction": _number_in(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),
-    "accuracy_threshold": _number_in(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
-    "wait_timeout_seconds": _number_in(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
-    "model": Rule(is_model_spec, "mlp, cnn or package.module:callable", "mlp"),
+    # The launch step's parameters, with the rules of TrainingOptions and TrainJobSpec.
+    "nodes": _whole(1, "2"),
+    "procs_per_node": _whole(1, "1"),
+    "epochs": _whole(1, "10"),
+    "batch_size": _whole(1, "32"),
+    "gpu": _whole(0, "1"),
+    "lr": _parsed(float, "a number", rules.positive_number, "0.001"),
+    "model": _text(rules.model_spec, "mlp"),
     "strategy": _one_of(*STRATEGIES),
     "backend": _one_of("local", "trainer", "job"),
+    "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
+    "runtime": _text(rules.dns1123_subdomain, "torch-distributed"),
+    "namespace": _text(rules.namespace, "default"),
+    "cpu": _text(rules.quantity, "2", optional=True),
+    "memory": _text(rules.quantity, "4Gi", optional=True),
+    "service_account": _text(rules.dns1123_subdomain, "kubetrain", optional=True),
+    "storage_secret": _text(rules.dns1123_subdomain, "kubetrain-storage", optional=True),
+    "shared_pvc": _text(rules.dns1123_subdomain, "kubetrain-shared", optional=True),
+    "checkpoint_dir": _text(_location, "/mnt/shared/checkpoints", optional=True),
+    "storage": _text(_location, "s3://bucket/runs", optional=True),
+    # Other steps' parameters.
+    "seed": _whole(0, "0", high=2**32 - 1),
+    "test_fraction": _within(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),
+    "accuracy_threshold": _within(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
+    "wait_timeout_seconds": _within(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
     "on_cancel": _one_of("delete", "suspend"),
     "export": _one_of("none", "torch-export", "torchscript"),
 }
@@ -90,6 +137,5 @@ VALUE_RULES: dict[str, Rule] = {
 def check_value(name: str, value: object, field: str) -> None:
     """Refuse ``value`` of parameter ``name`` when a step would; ``field`` names the option."""
     rule = VALUE_RULES.get(name)
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if rule is not None and not rule.accepts(text):
-        raise InvalidInput(field, f"{text!r} is not {rule.expected}", f"give e.g. {rule.example}")
+    if rule is not None:
+        rule.check(str(value).lower() if isinstance(value, bool) else str(value), field)

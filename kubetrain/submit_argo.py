@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.param_option import check_value, split_param
+from kubetrain.user_files import MIB, read_user_file
 
 if TYPE_CHECKING:
     import requests
@@ -19,9 +21,11 @@ if TYPE_CHECKING:
 
 #: Where `kubectl port-forward` puts the Argo Server; quoted in the missing-host error.
 ARGO_PORT_FORWARD = "kubectl -n argo port-forward svc/argo-server 2746:2746"
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Argo puts the workflow's name in pod labels (≤ 63) and the API server appends 5 characters.
-GENERATE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,56}[-.a-z0-9])?$")
+GENERATE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,56}[-.a-z0-9])?")
+#: The most a token or a package file may hold; anything larger is not one (and is not read).
+MAX_TOKEN_BYTES = MIB
+MAX_PACKAGE_BYTES = 16 * MIB
 TEMPLATE_HINT = (
     "create it with `kubetrain submit argo --create-template` or "
     "`argo template create pipelines/compiled/training_workflow_template.yaml`"
@@ -148,14 +152,12 @@ def argo_token(token_file: Path | None) -> str | None:
     """``"Bearer TOKEN"`` (or ``"Basic ..."`` as given) from --token-file or ARGO_TOKEN, never
     doubling the scheme; errors never quote the token."""
     if token_file is not None:
-        field = "--token-file"
+        field, fix = "--token-file", "give a file holding the token"
+        data = read_user_file(token_file, field, MAX_TOKEN_BYTES, fix)
         try:
-            text = token_file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not a text file"
-            raise InvalidInput(
-                field, f"cannot read {token_file}: {reason}", "give a file holding the token"
-            ) from None
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(field, f"cannot read {token_file}: not a text file", fix) from None
         if not text.strip():
             raise InvalidInput(field, f"{token_file} is empty", "write the token into it")
     else:
@@ -187,10 +189,9 @@ def load_argo_package(package: Path, kind: str) -> dict[str, Any]:
         "give a compiled " + kind + " such as pipelines/compiled/"
         + ("training_workflow.yaml" if kind == "Workflow" else "training_workflow_template.yaml")
     )  # fmt: skip
+    data = read_user_file(package, "--package", MAX_PACKAGE_BYTES, fix)
     try:
-        documents = [d for d in yaml.safe_load_all(package.read_text()) if d is not None]
-    except OSError as exc:
-        raise InvalidInput("--package", f"cannot read {package}: {exc.strerror}", fix) from None
+        documents = [d for d in yaml.safe_load_all(data.decode()) if d is not None]
     except UnicodeDecodeError:
         raise InvalidInput("--package", f"{package} is not a text file", fix) from None
     except yaml.YAMLError as exc:
@@ -349,15 +350,12 @@ def run_argo(args: argparse.Namespace) -> int:
     # Everything is checked before the first request.
     host = argo_server_url(args.host)
     namespace = args.namespace or os.environ.get("ARGO_NAMESPACE") or "default"
-    if not DNS_LABEL.match(namespace):
-        raise InvalidInput(
-            "--namespace",
-            f"{namespace!r} is not a namespace name",
-            "use lowercase letters, digits and '-', e.g. argo",
-        )
+    rules.namespace(
+        namespace, "--namespace", "use at most 63 lowercase letters, digits and '-', e.g. argo"
+    )
     token = argo_token(args.token_file)
     verify = not (args.insecure or env_flag("ARGO_INSECURE_SKIP_VERIFY"))
-    if args.generate_name is not None and not GENERATE_NAME.match(args.generate_name):
+    if args.generate_name is not None and not GENERATE_NAME.fullmatch(args.generate_name):
         raise InvalidInput(
             "--generate-name", f"{args.generate_name!r} is not a name prefix",
             "use lowercase letters, digits and '-', at most 58 characters, e.g. digits-fsdp-",
@@ -434,11 +432,10 @@ def submit_from_template(
         WorkflowTemplateUpdateRequest,
     )
 
-    if not DNS_LABEL.match(template_name):
-        raise InvalidInput(
-            "--from-template", f"{template_name!r} is not a WorkflowTemplate name",
-            f"e.g. --from-template {document['metadata'].get('name') or 'kubetrain-training'}",
-        )  # fmt: skip
+    rules.dns1123_label(
+        template_name, "--from-template",
+        f"use e.g. --from-template {document['metadata'].get('name') or 'kubetrain-training'}",
+    )  # fmt: skip
     template = None
     if args.create_template:
         document = dict(document, metadata=dict(document["metadata"], name=template_name))

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kubetrain import submit_argo
+from kubetrain import rules, submit_argo
 from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.param_option import check_value, split_param
+from kubetrain.submit_argo import MAX_PACKAGE_BYTES
+from kubetrain.user_files import read_user_file
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
 PARAMETER_PARSERS = {
@@ -69,8 +71,9 @@ def pipeline_parameters(package: Path) -> dict[str, str]:
     """Name → declared type of the compiled pipeline's input parameters."""
     import yaml
 
+    data = read_user_file(package, "--package", MAX_PACKAGE_BYTES, "run `kubetrain compile`")
     with reading(package):  # a corrupt or foreign package is one line naming it
-        spec = next(yaml.safe_load_all(package.read_text()))
+        spec = next(yaml.safe_load_all(data.decode()))
         parameters = spec["root"].get("inputDefinitions", {}).get("parameters", {})
         return {name: p["parameterType"] for name, p in parameters.items()}
 
@@ -98,8 +101,9 @@ def run_kfp(args: argparse.Namespace) -> int:
     package = args.package or package_dir("kubetrain.pipelines") / "compiled" / (
         "training_pipeline.yaml"
     )
-    if not package.is_file():
-        raise InvalidInput("--package", f"{package} does not exist", "run `kubetrain compile`")
+    # Everything is checked before the KFP client is made: it contacts the server at once.
+    if args.namespace is not None:
+        rules.namespace(args.namespace, "--namespace")
     arguments = parse_arguments(args.param, pipeline_parameters(package))
     try:
         client = Client(host=args.host, namespace=args.namespace)

@@ -326,15 +326,12 @@ def backend_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubetrain import storage
-    from kubetrain.components.launch_trainjob.launch import launch_job
-    from kubetrain.datasets import read_manifest
+    from kubetrain.components.launch_trainjob.launch import check_local_trainer, launch_job
 
     spec, checkpoint_dir = spec_from_args(args)
-    if args.backend == "local" and checkpoint_dir and storage.is_local(args.data):
-        # Our trainer's nodes run here: a folder that is no dataset is refused now, before a
-        # job is created whose every node would fail on it.
-        read_manifest(args.data)
+    if args.backend == "local" and checkpoint_dir:
+        # Our trainer's nodes run here: what would fail each of them is refused now.
+        check_local_trainer(args.data, checkpoint_dir, args.model)
     name = launch_job(spec, backend=args.backend, options=backend_options(args))
     if checkpoint_dir:
         print(f"checkpoints: {checkpoint_dir}")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kubetrain import storage
+from kubetrain import rules, storage
 from kubetrain.backends import BackendOptions, get_backend
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec, Volume
 from kubetrain.names import derive_job_name, label_value, random_job_name
 from kubetrain.staging import stage_dataset
-from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
+from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
@@ -33,15 +35,14 @@ class TrainingOptions:
     checkpoint_every: int = 1
 
     def validate(self) -> None:
+        """The rules `submit` applies to the same parameters (``param_option.VALUE_RULES``)."""
         if not self.data_dir:
             raise InvalidInput(
                 "data", "is empty", "give the dataset folder written by the prep step"
             )
-        if self.strategy not in STRATEGIES:
-            raise InvalidInput("strategy", f"{self.strategy!r} is unknown", "use ddp or fsdp")
+        rules.one_of(self.strategy, "strategy", STRATEGIES, "use ddp or fsdp")
         # Checked here, not first in every node of a job that was already created.
-        if not is_model_spec(self.model):
-            raise InvalidInput("model", f"{self.model!r} is unknown", MODEL_FIX)
+        rules.model_spec(self.model, "model")
         for field_name, location in (
             ("data", self.data_dir),
             ("checkpoint_dir", self.checkpoint_dir),
@@ -53,10 +54,8 @@ class TrainingOptions:
             ("batch_size", self.batch_size),
             ("checkpoint_every", self.checkpoint_every),
         ):
-            if value < 1:
-                raise InvalidInput(field_name, f"{value} is below 1", "use 1 or more")
-        if not self.lr > 0:
-            raise InvalidInput("lr", f"{self.lr} is not positive", "use a learning rate like 0.001")
+            rules.whole_number(value, field_name, 1)
+        rules.positive_number(self.lr, "lr")
 
     def trainer_args(self, checkpoint_dir: str) -> tuple[str, ...]:
         return (
@@ -92,6 +91,65 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
     if job_name:
         return job_name
     return derive_job_name(run_name) if run_name else random_job_name()
+
+
+def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
+    """Refuse now what would fail every node of our trainer on this machine (the local
+    backend), before a job is created that can only fail: a model that does not import, a
+    folder that is no readable dataset, a checkpoint folder that is a file. A URL is left to
+    the nodes, which have its filesystem's credentials."""
+    from kubetrain.datasets import read_manifest
+
+    if model not in BUILTIN_MODELS:
+        _check_model_imports(model)
+    if storage.is_local(storage.dereference(data_dir)):
+        try:
+            read_manifest(data_dir)
+        except IntegrityError as exc:
+            problem = str(exc).partition("; ")[0]
+            fix = "point --data at a folder written by `kubetrain prep`"
+            raise InvalidInput("data", problem, fix) from None
+    if storage.is_local(checkpoint_dir):
+        _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+
+
+def _check_model_imports(model: str) -> None:
+    """Import the user's ``package.module:callable`` as the nodes will: from the folder they
+    run in (this one), which ``python -m`` puts first on their path."""
+    from kubetrain.models import import_callable
+
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        import_callable(model, "model", MODEL_FIX)
+    except InvalidInput:
+        raise
+    except Exception as exc:  # the user's module raised while importing (SyntaxError, ...)
+        problem = f"importing {model} failed ({type(exc).__name__}: {refusal_reason(exc)})"
+        raise InvalidInput("model", problem, MODEL_FIX) from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+
+
+def _check_checkpoint_folder(folder: Path) -> None:
+    """The folder, or the nearest part of its path that exists, must be a folder rank 0 can
+    write in."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a folder" + (
+            "" if existing == folder else f", so {folder} cannot be made"
+        )
+        raise InvalidInput("checkpoint_dir", problem, "give a folder path for --checkpoint-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidInput(
+            "checkpoint_dir",
+            f"{existing} is not writable",
+            "give a folder you may write in for --checkpoint-dir",
+        )
 
 
 def launch_job(
@@ -166,6 +224,8 @@ def launch_training(
         storage_secret=storage_secret,
         max_restarts=max_restarts,
     ).validate()
+    if backend == "local":
+        check_local_trainer(source, checkpoint_dir, options.model)
     if copy_dataset:
         stage_dataset(source, data_dir)
     backend_impl.launch(spec)

@@ -17,6 +17,7 @@ import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
 from kubetrain.errors import KubetrainError, reading
+from kubetrain.user_files import MIB, check_regular_file
 
 T = TypeVar("T")
 
@@ -25,6 +26,8 @@ RBAC_FIX = (
     "apply runtimes/rbac.yaml (`kubectl apply -k runtimes/`) and run as ServiceAccount kubetrain"
 )
 RETRIABLE_STATUSES = (429, 500, 502, 503, 504)
+#: A kubeconfig larger than this is not one (they hold a few certificates and tokens).
+MAX_KUBECONFIG_BYTES = 16 * MIB
 #: Connection-level failures worth retrying (dropped connections, refused, timeouts).
 TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
@@ -221,6 +224,17 @@ def call_with_retries(
             ) from None
 
 
+def check_kubeconfig_files(paths: str) -> None:
+    """Each kubeconfig of ``paths`` (KUBECONFIG's list) that exists is a regular file of at most
+    MAX_KUBECONFIG_BYTES: the client reads it whole, so ``/dev/zero`` would never end and a FIFO
+    would hang. Missing ones are skipped, as the client skips them."""
+    for path in paths.split(os.pathsep):
+        if path and os.path.lexists(path):
+            check_regular_file(
+                path, "KUBECONFIG", MAX_KUBECONFIG_BYTES, "set KUBECONFIG to a kubeconfig file"
+            )
+
+
 def load_api_client() -> kubernetes.client.ApiClient:
     """A client for the cluster we run in (a pod's ServiceAccount), else for $KUBECONFIG or
     ~/.kube/config. An explicit KUBECONFIG wins over the in-cluster config."""
@@ -236,6 +250,7 @@ def load_api_client() -> kubernetes.client.ApiClient:
             location = config_file or os.path.expanduser(
                 kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION
             )
+            check_kubeconfig_files(location)
             with reading(location):
                 kubernetes.config.load_kube_config(
                     config_file=config_file, client_configuration=config

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
 
@@ -27,18 +27,11 @@ SPEC_SHA256_ANNOTATION = "kubetrain.io/spec-sha256"
 #: sha256 of the shipped script's bytes: the spec holds only its path, not its content.
 SCRIPT_SHA256_ANNOTATION = "kubetrain.io/script-sha256"
 
-NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 OWNER_FIELDS = ("apiVersion", "kind", "name", "uid")
 
 
 def validate_namespace(namespace: str) -> str:
-    if len(namespace) > 63 or not NAMESPACE_PATTERN.match(namespace):
-        raise InvalidInput(
-            "namespace",
-            f"{namespace!r} is not a namespace name",
-            "use lowercase letters, digits and '-' (at most 63 characters)",
-        )
-    return namespace
+    return rules.namespace(namespace, "namespace")
 
 
 def canonical_spec_json(spec: TrainJobSpec) -> str:

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Resources, TrainJobSpec
-from kubetrain.render.script import (
-    SCRIPT_MOUNT_PATH,
-    SCRIPT_VOLUME,
-    script_volume,
-    script_volume_mount,
-)
+from kubetrain.render.script import script_volume, script_volume_mount
 
 #: The container the Trainer injects PET_* into; its runtimes' replicated job has this name too.
 NODE = "node"
@@ -77,7 +71,6 @@ def volumes(spec: TrainJobSpec) -> list[dict[str, Any]]:
         for volume in spec.volumes
     ]
     if spec.script:
-        _check_script_mount_is_free(spec)
         rendered.append(script_volume(spec))
     return rendered
 
@@ -147,19 +140,3 @@ def storage_secret_env(spec: TrainJobSpec) -> list[dict[str, Any]]:
         }
         for key in STORAGE_ENV_KEYS
     ]
-
-
-def _check_script_mount_is_free(spec: TrainJobSpec) -> None:
-    for volume in spec.volumes:
-        if volume.name == SCRIPT_VOLUME:
-            raise InvalidInput(
-                "volumes.name",
-                f"{SCRIPT_VOLUME} is used by the shipped script",
-                "give the volume another name",
-            )
-        if volume.mount_path.rstrip("/") == SCRIPT_MOUNT_PATH:
-            raise InvalidInput(
-                "volumes.mount_path",
-                f"{SCRIPT_MOUNT_PATH} is where the shipped script is mounted",
-                "mount the volume elsewhere, e.g. /mnt/shared",
-            )

@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-from pathlib import Path
 from typing import Any
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import TrainJobSpec
+from kubetrain.jobspec import MAX_SCRIPT_BYTES, SCRIPT_MOUNT_PATH, SCRIPT_VOLUME, TrainJobSpec
 from kubetrain.render.metadata import (
     SCRIPT_SHA256_ANNOTATION,
     object_labels,
     object_metadata,
     validate_namespace,
 )
-
-SCRIPT_MOUNT_PATH = "/workspace"
-SCRIPT_VOLUME = "kubetrain-script"
-CONFIGMAP_KEY_PATTERN = re.compile(r"^[-._a-zA-Z0-9]+$")
+from kubetrain.user_files import read_user_file
 
 
 def script_configmap_name(job_name: str) -> str:
@@ -36,14 +32,11 @@ def script_configmap_name(job_name: str) -> str:
 
 def script_key(spec: TrainJobSpec) -> str:
     """The ConfigMap data key: the script's basename, which must be a valid key."""
-    key = os.path.basename(spec.script)
-    if not CONFIGMAP_KEY_PATTERN.match(key) or key in (".", ".."):
-        raise InvalidInput(
-            "script",
-            f"file name {key!r} cannot be a ConfigMap key",
-            "rename it to letters, digits, '-', '_' and '.', e.g. train.py",
-        )
-    return key
+    return rules.config_map_key(
+        os.path.basename(spec.script),
+        "script",
+        "rename the file to letters, digits, '-', '_' and '.', e.g. train.py",
+    )
 
 
 def mounted_script_path(spec: TrainJobSpec) -> str:
@@ -51,16 +44,13 @@ def mounted_script_path(spec: TrainJobSpec) -> str:
 
 
 def script_text(spec: TrainJobSpec) -> str:
+    """The script's text, read no further than a ConfigMap holds (it may have grown)."""
+    fix = f"ship a readable text .py file of at most {MAX_SCRIPT_BYTES} bytes"
+    data = read_user_file(spec.script, "script", MAX_SCRIPT_BYTES, fix)
     try:
-        return Path(spec.script).read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidInput(
-            "script", f"{spec.script} is not UTF-8 text", "ship a text .py file"
-        ) from None
-    except OSError as exc:
-        raise InvalidInput(
-            "script", f"{spec.script} cannot be read ({exc.strerror})", "give a readable local file"
-        ) from None
+        raise InvalidInput("script", f"{spec.script} is not UTF-8 text", fix) from None
 
 
 def script_sha256(spec: TrainJobSpec) -> str:

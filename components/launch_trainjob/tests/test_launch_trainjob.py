@@ -71,6 +71,22 @@ def test_bad_topology_creates_nothing(local_root):
     assert not (local_root / "never").exists()
 
 
+def test_the_pipeline_face_refuses_what_local_nodes_would(local_root, digits_dir, tmp_path):
+    """launch_training (the KFP component) runs the same local checks as `kubetrain launch`."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    cases = [
+        ({"data_dir": str(tmp_path)}, "data"),
+        ({"data_dir": str(digits_dir), "model": "kt_no_such_module:build"}, "model"),
+        ({"data_dir": str(digits_dir), "checkpoint_dir": str(tmp_path / "a-file" / "c")},
+         "checkpoint_dir"),
+    ]  # fmt: skip
+    for options, field in cases:
+        with pytest.raises(InvalidInput) as refused:
+            launch_training(TrainingOptions(**options), job_name="never")
+        assert refused.value.field == field
+    assert not (local_root / "never").exists()
+
+
 def test_env_pairs_must_be_key_value():
     assert parse_pairs(["A=1", "B=x=y"], "--env") == {"A": "1", "B": "x=y"}
     with pytest.raises(InvalidInput, match="--env"):

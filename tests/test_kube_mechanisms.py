@@ -128,7 +128,7 @@ def complete(emulator, job: str, pod: str | None = None) -> None:
 
 @pytest.mark.fault
 @pytest.mark.parametrize("rotate", [False, True], ids=["reconnect", "rotated-then-reconnect"])
-def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate):
+def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate, injected):
     from kubetrain.backends.kube_client import RetryPolicy
 
     emulator = k8s.emulator
@@ -143,6 +143,7 @@ def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate):
         emulator.rotate_log(pod)
     emulator.interrupt_logs()
     wait_until(lambda: emulator.count("get", "pods/log") > before)  # reconnected
+    injected.struck("the log stream was cut" + (" after the kubelet rotated it" if rotate else ""))
     emulator.append_log(pod, ["three", "four"])
     wait_until(lambda: waiter.lines[-1:] == ["four"])
     complete(emulator, "demo", pod)
@@ -168,7 +169,7 @@ class Pauses:
 @pytest.mark.fault
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize("server_seconds", [0, 3, 7])
-def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds):
+def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds, injected):
     from kubetrain.backends.kube_client import RetryPolicy
 
     backend = launch(k8s)
@@ -180,6 +181,7 @@ def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds)
     status_now = k8s.backend(retry=policy).status("demo")
     assert status_now.name == "demo"
     assert fault.hits == 3, "the fault struck three times"
+    injected.struck(f"three {status} answers with Retry-After")
     assert len(pauses.seconds) == 3
     for pause, delay in zip(pauses.seconds, [0.5, 1.0, 2.0], strict=True):
         assert server_seconds <= pause <= server_seconds + delay * policy.jitter
@@ -197,7 +199,7 @@ def test_pauses_without_retry_after_are_jittered_below_the_backoff_delay():
 
 
 @pytest.mark.fault
-def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s):
+def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s, injected):
     """Every watch of the job ends at once with no event: each re-watch comes after a pause,
     and the pauses double up to the cap (counted, not timed)."""
     from kubetrain.backends.base import COMPLETE
@@ -217,12 +219,13 @@ def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s):
     assert waiter.result().state == COMPLETE
     assert pauses.seconds[:empty] == [0.5, 1.0, 2.0] + [4.0] * (empty - 3)
     assert emulator.count("watch", "trainjobs") == empty + 1
+    injected.struck(f"{empty} watches ended at once without an event")
 
 
 # ------------------------------------------------------------- a DELETE whose answer is lost
 @pytest.mark.fault
 @pytest.mark.parametrize("kind", ["trainer", "job"])
-def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s, kind):
+def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s, kind, injected):
     from kubetrain.backends.kube_client import RetryPolicy
     from kubetrain.jobspec import TrainJobSpec
 
@@ -234,6 +237,7 @@ def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s,
     fault = emulator.drop_after_processing(verb="delete", resource=resource)
     backend.delete("demo")  # no "not found": the first attempt did it
     assert fault.hits == 1
+    injected.struck("the DELETE's answer was lost after the server deleted the object")
     assert emulator.get(resource, "demo") is None
     deletes = emulator.requests("delete", resource, name="demo")
     assert len(deletes) == 2, "deleted, answer lost, retried: 404"
@@ -242,7 +246,7 @@ def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s,
 # -------------------------------------------------------------------------- the stall check
 @pytest.mark.fault
 @pytest.mark.parametrize("on_cancel", ["delete", "suspend"])
-def test_a_running_job_that_logs_nothing_is_reported_stalled_and_stopped(k8s, on_cancel):
+def test_a_running_job_that_logs_nothing_is_reported_stalled_and_stopped(k8s, on_cancel, injected):
     from kubetrain.errors import JobStalled
 
     emulator = k8s.emulator
@@ -251,6 +255,7 @@ def test_a_running_job_that_logs_nothing_is_reported_stalled_and_stopped(k8s, on
     waiter.start()
     pod = running_node_pod(emulator, "demo")
     emulator.append_log(pod, "epoch 1 started")  # then nothing: a hung rank
+    injected.struck("rank 0 went silent while running")
     with pytest.raises(JobStalled) as stalled:
         waiter.result()
     assert stalled.value.exit_code == 3
@@ -348,7 +353,7 @@ def test_the_emulated_api_server_refuses_a_since_time_that_is_not_rfc3339(k8s):
 
 
 @pytest.mark.fault
-def test_a_log_that_cannot_be_read_is_not_taken_for_a_stall(k8s):
+def test_a_log_that_cannot_be_read_is_not_taken_for_a_stall(k8s, injected):
     """No permission on pods/log: the follower gives up (with a warning), and the stall
     check does not delete a healthy job for the silence it cannot hear."""
     from kubetrain.backends.base import COMPLETE
@@ -361,6 +366,7 @@ def test_a_log_that_cannot_be_read_is_not_taken_for_a_stall(k8s):
     waiter.start()
     pod = running_node_pod(emulator, "demo")
     wait_until(lambda: refused.hits > 0 and warnings)
+    injected.struck("pods/log answered 403")
     time.sleep(1.0)  # three stall timeouts of a running job with no readable log
     assert waiter.is_alive(), waiter.error
     complete(emulator, "demo", pod)

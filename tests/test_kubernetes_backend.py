@@ -116,7 +116,8 @@ def test_completion_is_noticed_from_a_watch_event_without_polling(k8s):
     assert traffic == {"get": 0, "list": 1, "watch": 1}, "one list, then one open watch"
 
 
-def test_a_410_mid_wait_does_not_lose_the_completion(k8s):
+@pytest.mark.fault
+def test_a_410_mid_wait_does_not_lose_the_completion(k8s, injected):
     emulator, backend = k8s.emulator, k8s.backend()
     backend.launch(make_spec())
     started = time.monotonic()
@@ -135,6 +136,7 @@ def test_a_410_mid_wait_does_not_lose_the_completion(k8s):
     emulator.call(expire_then_complete)
     assert waiter.result().state == COMPLETE
     assert emulator.count("list", "trainjobs", since=started) == 2, "re-listed after 410"
+    injected.struck("the open watch expired (410 Gone) as the job completed")
 
 
 def test_rank0_logs_follow_restarts_and_reconnects_without_repeating_lines(k8s):
@@ -252,7 +254,8 @@ def test_early_failure_with_on_cancel_suspend_keeps_the_job_suspended(k8s):
     assert emulator.get("trainjobs", "demo")["spec"]["suspend"] is True
 
 
-def test_sigterm_to_wait_deletes_the_trainjob(k8s, tmp_path):
+@pytest.mark.fault
+def test_sigterm_to_wait_deletes_the_trainjob(k8s, tmp_path, injected):
     emulator = k8s.emulator
     k8s.backend().launch(make_spec())
     kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
@@ -276,6 +279,7 @@ def test_sigterm_to_wait_deletes_the_trainjob(k8s, tmp_path):
     finally:
         wait.kill()
     assert wait.returncode == 143, stderr
+    injected.struck("wait received SIGTERM")
     assert "cancelled by SIGTERM" in stderr and "deleted TrainJob demo" in stderr
 
 
@@ -402,18 +406,23 @@ def test_trainer_version_is_read_from_the_crd(tmp_path):
         assert "podTemplateOverrides" in spec and "runtimePatches" not in spec
 
 
-def test_transient_failures_are_retried_and_wait_reports_the_final_state(k8s):
+@pytest.mark.fault
+def test_transient_failures_are_retried_and_wait_reports_the_final_state(k8s, injected):
     emulator, backend = k8s.emulator, k8s.backend(retry=FAST_RETRY)
-    emulator.fail(500, verb="get", resource="customresourcedefinitions", times=2)
-    emulator.drop(verb="create", resource="trainjobs")
-    emulator.fail(503, verb="create", resource="trainjobs")
+    faults = [
+        emulator.fail(500, verb="get", resource="customresourcedefinitions", times=2),
+        emulator.drop(verb="create", resource="trainjobs"),
+        emulator.fail(503, verb="create", resource="trainjobs"),
+    ]
     backend.launch(make_spec())
     assert emulator.names("trainjobs") == {"demo"}
-    emulator.fail(500, verb="list", resource="trainjobs", times=2)
-    emulator.drop(verb="watch", resource="trainjobs", times=2)
-    emulator.fail(502, verb="watch", resource="pods")
-    emulator.fail(500, verb="get", resource="pods/log")
-    emulator.drop(verb="get", resource="pods/log")
+    faults += [
+        emulator.fail(500, verb="list", resource="trainjobs", times=2),
+        emulator.drop(verb="watch", resource="trainjobs", times=2),
+        emulator.fail(502, verb="watch", resource="pods"),
+        emulator.fail(500, verb="get", resource="pods/log"),
+        emulator.drop(verb="get", resource="pods/log"),
+    ]
     started = time.monotonic()
     waiter = Waiter(backend, "demo")
     waiter.start()
@@ -429,6 +438,8 @@ def test_transient_failures_are_retried_and_wait_reports_the_final_state(k8s):
     assert status.failed_node.exit_code == 5
     assert waiter.lines == ["one", "two"]
     assert emulator.count("list", "trainjobs", since=started) == 3  # 2 answered 500
+    assert [fault.hits for fault in faults] == [fault.times for fault in faults], "all struck"
+    injected.struck(f"{sum(fault.hits for fault in faults)} failed or dropped requests")
 
 
 def test_an_api_server_that_keeps_failing_gives_a_clear_error(k8s):

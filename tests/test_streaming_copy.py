@@ -284,7 +284,8 @@ copy_verified("slow://" + src, dst, expected_sha256=sha, chunk_size=int(chunk))
 """
 
 
-def test_copy_killed_midway_resumes(tmp_path: Path) -> None:
+@pytest.mark.fault
+def test_copy_killed_midway_resumes(tmp_path: Path, injected) -> None:
     """SIGKILL a real copy (its source slowed to 20 ms a chunk) once its part file has a few
     chunks, then copy again: it continues from where the killed one stopped."""
     src, dst = tmp_path / "src.bin", tmp_path / "out" / "model.safetensors"
@@ -306,13 +307,18 @@ def test_copy_killed_midway_resumes(tmp_path: Path) -> None:
     assert not dst.exists()
     left = part.stat().st_size
     assert 4 * CHUNK <= left < size
+    injected.struck(f"the copy was SIGKILLed with {left} of {size} bytes written")
 
     result = copy_verified(str(src), str(dst), expected_sha256=sha, chunk_size=CHUNK)
 
     assert result.resumed_from == left
     assert result.bytes_copied == size - left
-    assert dst.read_bytes() == src.read_bytes()
+    injected.data_intact("the copied file", lambda: _same_bytes(dst, src))
     assert leftovers(dst.parent) == []
+
+
+def _same_bytes(copy: Path, original: Path) -> None:
+    assert copy.read_bytes() == original.read_bytes(), f"{copy} differs from {original}"
 
 
 # -- object storage ------------------------------------------------------------------------------
@@ -511,7 +517,8 @@ print(json.dumps(outcome))
 """
 
 
-def test_disk_full_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.fault
+def test_disk_full_is_a_clear_error_and_leaves_nothing(tmp_path: Path, injected) -> None:
     """Copy 4 MiB onto a 1 MiB tmpfs mounted in a private user+mount namespace (no root, and
     the mount disappears with the namespace)."""
     mount_point = tmp_path / "tiny"
@@ -531,5 +538,6 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     outcome = json.loads(run.stdout)
     assert outcome["error"] is not None and not outcome["integrity"]
     assert "no space left" in outcome["error"]
+    injected.struck("the target filesystem filled up mid-copy")
     assert str(dst) in outcome["error"] and "nothing was published" in outcome["error"]
     assert outcome["left"] == []

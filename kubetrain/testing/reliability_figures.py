@@ -1,15 +1,24 @@
 """A pytest plugin: the reliability figures the README quotes, as a test run produced them.
 
-Tests are counted by group (faults injected, bad inputs, security checks) from their node ids;
-fault tests record what they measured through the ``figures`` fixture. At the end of the run
-the figures are printed under "reliability figures" and written to ``runs/reliability.json``.
-Registered by the repository's root conftest.
+Tests are counted by their marks (``pyproject.toml``): ``fault`` (a fault injected into a real
+run), ``bad_input`` (one bad input refused in one line, nothing created) and ``security`` (a
+rule of the product, not a self-test of a test's own scanner). A ``fault`` test gets an
+``injected`` record and must call ``injected.struck(...)`` once it has seen its fault take
+effect (a process killed, a request failed): one that passes without it fails, as a fault that
+never struck proves nothing. Where the fault could cost data, the test checks the newest
+checkpoint or the published model with ``injected.data_intact(...)``; "data lost" is counted
+from those checks, not asserted. Fault tests record what they measured through ``figures``.
+At the end the figures are printed under "reliability figures" and written to
+``runs/reliability.json``. Registered by the repository's root conftest.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,40 +27,55 @@ import pytest
 from kubetrain import atomic
 
 FIGURES_FILE = Path("runs") / "reliability.json"
-#: Node-id prefixes of each group; faults also counts the fault tests that live beside the
-#: code they exercise (checkpoint writes, collect, the cluster wait).
-GROUPS = {
-    "faults injected": (
-        "tests/reliability/test_faults.py::",
-        "tests/reliability/test_api_faults.py::",
-        "tests/test_checkpoint.py::test_killed_save_is_never_returned_as_latest",
-        "tests/test_checkpoint.py::test_flipped_byte_in_model_file_is_caught_and_named",
-        "components/collect_checkpoint/tests/test_collect_checkpoint.py::test_a_flipped_byte",
-        "tests/test_streaming_copy.py::test_copy_killed_midway_resumes",
-        "tests/test_streaming_copy.py::test_disk_full_is_a_clear_error_and_leaves_nothing",
-        "tests/test_kubernetes_backend.py::test_sigterm_to_wait_deletes_the_trainjob",
-        "tests/test_kubernetes_backend.py::test_a_410_mid_wait_does_not_lose_the_completion",
-        "tests/test_kubernetes_backend.py::test_transient_failures_are_retried",
-        "tests/test_kubernetes_backend.py::test_concurrent_waits_all_end_right",
-        "tests/test_local_backend.py::test_a_dead_supervisor_is_reported_not_waited_on_forever",
-    ),
-    "bad inputs": ("tests/reliability/test_bad_input.py::test_bad_input_is_one_line",),
-    "security checks": ("tests/reliability/test_security.py::",),
-}
+#: The marks counted, and the name of each figure.
+MARKS = {"fault": "faults injected", "bad_input": "bad inputs", "security": "security checks"}
+#: Set to a path: `pytest --collect-only` writes there the node ids of the tests of each mark
+#: (what the README test compares the README's figures with).
+COLLECTED_MARKS_ENV = "KUBETRAIN_COLLECTED_MARKS"
+
+
+@dataclass
+class Injected:
+    """What one fault test saw: whether its fault struck, and its data checks."""
+
+    struck_by: str = ""
+    data_checks: list[tuple[str, bool]] = field(default_factory=list)
+
+    def struck(self, what: str) -> None:
+        """The fault took effect (e.g. "rank 1's worker died of SIGKILL")."""
+        self.struck_by = what
+
+    def data_intact(self, what: str, check: Callable[[], Any]) -> Any:
+        """Run ``check`` (verify and load the newest checkpoint or the published model); a
+        failure is counted as data lost, then raised."""
+        try:
+            result = check()
+        except BaseException:
+            self.data_checks.append((what, False))
+            raise
+        self.data_checks.append((what, True))
+        return result
 
 
 class Figures:
     def __init__(self) -> None:
         self.measured: dict[str, Any] = {}
-        self.outcomes: dict[str, Counter[str]] = {group: Counter() for group in GROUPS}
+        self.outcomes: dict[str, Counter[str]] = {name: Counter() for name in MARKS.values()}
+        self.injected: dict[str, Injected] = {}
 
     def record(self, name: str, value: Any) -> None:
         self.measured[name] = value
 
-    def count(self, nodeid: str, outcome: str) -> None:
-        for group, prefixes in GROUPS.items():
-            if nodeid.startswith(prefixes):
-                self.outcomes[group][outcome] += 1
+    def summary(self) -> dict[str, Any]:
+        struck = [i for i in self.injected.values() if i.struck_by]
+        checks = [ok for i in self.injected.values() for _, ok in i.data_checks]
+        return {
+            "outcomes": {name: dict(counts) for name, counts in self.outcomes.items() if counts},
+            "faults struck": len(struck),
+            "data checks": len(checks),
+            "data lost": checks.count(False),
+            "measured": self.measured,
+        }
 
 
 FIGURES = Figures()
@@ -62,22 +86,68 @@ def figures() -> Figures:
     return FIGURES
 
 
+@pytest.fixture
+def injected(request: pytest.FixtureRequest) -> Iterator[Injected]:
+    record = FIGURES.injected.setdefault(request.node.nodeid, Injected())
+    yield record
+
+
+@pytest.fixture(autouse=True)
+def _fault_tests_must_strike(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A ``fault`` test has its ``injected`` record and, when it passed, must have struck."""
+    if request.node.get_closest_marker("fault") is None:
+        yield
+        return
+    record = request.getfixturevalue("injected")
+    yield
+    if not record.struck_by and not _failed(request.node):
+        pytest.fail("a fault test must confirm its fault struck: call injected.struck(...)")
+
+
+def _failed(item: pytest.Item) -> bool:
+    report = getattr(item, "call_report", None)
+    return report is not None and report.failed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    if call.when == "call":
+        item.call_report = outcome.get_result()  # type: ignore[attr-defined]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        FIGURES.count(report.nodeid, report.outcome)
+    counted = report.when == "call" or (report.when != "call" and report.outcome == "failed")
+    if not counted:
+        return
+    for mark, name in MARKS.items():
+        if mark in report.keywords:
+            FIGURES.outcomes[name][report.outcome] += 1
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    target = os.environ.get(COLLECTED_MARKS_ENV)
+    if not target:
+        return
+    collected = {
+        mark: [item.nodeid for item in session.items if item.get_closest_marker(mark)]
+        for mark in MARKS
+    }
+    atomic.write_text(Path(target), json.dumps(collected, indent=2) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if not any(FIGURES.outcomes.values()):
         return
-    summary = {
-        "outcomes": {group: dict(counts) for group, counts in FIGURES.outcomes.items() if counts},
-        "measured": FIGURES.measured,
-    }
+    summary = FIGURES.summary()
     terminalreporter.section("reliability figures")
-    for group, counts in summary["outcomes"].items():
-        terminalreporter.line(f"{group}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
-    for name, value in sorted(FIGURES.measured.items()):
+    for name, counts in summary["outcomes"].items():
+        terminalreporter.line(f"{name}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    terminalreporter.line(
+        f"faults seen to strike: {summary['faults struck']}; data checked after faults: "
+        f"{summary['data checks']} time(s), data lost: {summary['data lost'] or 'none'}"
+    )
+    for name, value in sorted(summary["measured"].items()):
         terminalreporter.line(f"{name}: {value}")
     target = Path(config.rootpath) / FIGURES_FILE
     atomic.write_text(target, json.dumps(summary, indent=2, sort_keys=True) + "\n")

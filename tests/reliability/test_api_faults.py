@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from kubetrain.backends.base import COMPLETE, FAILED, JobStatus
 from kubetrain.backends.kube_client import RetryPolicy
 from kubetrain.jobspec import TrainJobSpec
@@ -15,7 +17,10 @@ FAST_RETRY = RetryPolicy(first_delay=0.01, max_delay=0.05)
 JOBS = 20
 
 
-def test_twenty_waits_through_500s_drops_410_and_closed_watches_all_end_right(k8s, figures):
+@pytest.mark.fault
+def test_twenty_waits_through_500s_drops_410_and_closed_watches_all_end_right(
+    k8s, figures, injected
+):
     emulator = k8s.emulator
     names = [f"job-{i}" for i in range(JOBS)]
     for name in names:
@@ -52,6 +57,7 @@ def test_twenty_waits_through_500s_drops_410_and_closed_watches_all_end_right(k8
         assert status.state == (FAILED if i % 2 else COMPLETE), name
         assert status.message == (f"failure {i}" if i % 2 else "")
     assert [fault.hits for fault in faults] == [fault.times for fault in faults], "all struck"
+    injected.struck(f"{sum(f.hits for f in faults)} failed requests, a 410, cut watches")
     figures.record(
         "20 concurrent waits through 500/503s, drops, 410, closed watches",
         f"20 of 20 right after {sum(f.hits for f in faults)} failed requests, "

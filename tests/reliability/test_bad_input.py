@@ -357,6 +357,7 @@ def test_the_catalogue_covers_every_step() -> None:
     assert {"submit kfp", "submit argo", "delete"} <= commands
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize("bad", BAD_INPUTS)
 def test_bad_input_is_one_line_naming_the_field_and_creates_nothing(
     bad: BadInput,

@@ -56,7 +56,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, s
     ids=["disk-full", "read-only"],
 )
 def test_a_full_or_read_only_filesystem_is_one_line_naming_the_output(
-    tmp_path, mount_options, expected
+    tmp_path, mount_options, expected, injected
 ):
     mount_point = tmp_path / "mnt"
     mount_point.mkdir()
@@ -71,6 +71,7 @@ def test_a_full_or_read_only_filesystem_is_one_line_naming_the_output(
     )
     assert run.returncode in (1, 2), run.stderr
     assert_one_line(run.stderr, "prep", str(mount_point), *expected)
+    injected.struck(f"prep's output filesystem ({mount_options}) failed the write")
 
 
 #: How many last lines of a failed node's log `wait` quotes (kubernetes.FAILURE_LOG_LINES).
@@ -84,7 +85,7 @@ QUOTED_LINES = 20
     ids=["model-under-torchrun", "optimizer", "read-only"],
 )
 def test_a_disk_full_while_checkpointing_names_the_folder_in_the_nodes_last_lines(
-    tmp_path, digits_dir, free_port, mount_options, torchrun
+    tmp_path, digits_dir, free_port, mount_options, torchrun, injected
 ):
     """What `wait` quotes of a failed node says why and where: 64 KiB fills while writing
     the model (safetensors: "os error 28"; under torchrun, whose 30-line failure report
@@ -116,9 +117,12 @@ def test_a_disk_full_while_checkpointing_names_the_folder_in_the_nodes_last_line
     if "ro" not in mount_options:
         assert all("No space left on device" in line for line in ours), ours
         assert "epoch 1/1" in run.stdout, "the fault struck while checkpointing, after training"
+        injected.struck("the checkpoint filesystem filled up while saving")
+    else:
+        injected.struck("the checkpoint folder refused the first write (read-only)")
 
 
-@pytest.mark.fault
+@pytest.mark.bad_input
 @pytest.mark.parametrize("depth", [0, 1, 2])
 def test_an_output_path_through_a_file_is_one_line(tmp_path, capsys, depth):
     blocker = tmp_path / "a-file"
@@ -130,7 +134,7 @@ def test_an_output_path_through_a_file_is_one_line(tmp_path, capsys, depth):
     assert blocker.read_text() == "x"
 
 
-@pytest.mark.fault
+@pytest.mark.bad_input
 def test_an_output_parameter_that_is_a_folder_is_one_line(tmp_path, capsys):
     parameters = tmp_path / "parameters"
     (parameters / "dataset_dir").mkdir(parents=True)
@@ -143,7 +147,9 @@ def test_an_output_parameter_that_is_a_folder_is_one_line(tmp_path, capsys):
 # ------------------------------------------------------- every errno, at the lowest OS call
 @pytest.mark.fault
 @pytest.mark.parametrize("code", sorted(OS_ERROR_FIXES), ids=errno.errorcode.get)
-def test_every_os_error_of_a_publish_is_one_line_with_its_fix(tmp_path, capsys, monkeypatch, code):
+def test_every_os_error_of_a_publish_is_one_line_with_its_fix(
+    tmp_path, capsys, monkeypatch, code, injected
+):
     """os.replace fails as the kernel would (errno, strerror, both paths): the line names the
     path, the kernel's words and the fix for that errno."""
     real_replace = os.replace
@@ -159,19 +165,25 @@ def test_every_os_error_of_a_publish_is_one_line_with_its_fix(tmp_path, capsys, 
     output = tmp_path / "dataset"
     exit_code, err = run_cli(capsys, [*PREP, "--output", str(output)])
     assert struck, "the fault did not strike"
+    injected.struck(f"publishing {struck[0]} failed with {errno.errorcode[code]}")
     assert exit_code == 1
     assert_one_line(err, "prep", str(output), os.strerror(code), OS_ERROR_FIXES[code])
 
 
 @pytest.mark.fault
-def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch, injected):
     import numpy as np
 
+    struck: list[bool] = []
+
     def no_memory(*args, **kwargs):
+        struck.append(True)
         raise MemoryError
 
     monkeypatch.setattr(np, "unique", no_memory)
     exit_code, err = run_cli(capsys, [*PREP, "--output", str(tmp_path / "d")])
+    assert struck, "the fault did not strike"
+    injected.struck("prep ran out of memory")
     assert exit_code == 1
     assert_one_line(err, "prep", "out of memory", "--memory")
     assert not (tmp_path / "d").exists()

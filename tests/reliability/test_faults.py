@@ -1,6 +1,7 @@
 """Faults injected into real local jobs (real torchrun, real training): a SIGKILLed rank, a
-restart after it, a cancelled wait. Each test kills a real process and checks what the user
-is told and that nothing is left running."""
+restart after it, a cancelled wait, a disk full while collecting. Each test confirms its fault
+struck, checks what the user is told, that nothing is left running and that the newest
+checkpoint still verifies and loads (``injected``: kubetrain.testing.reliability_figures)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubetrain.backends.local import LocalBackend
+from kubetrain.checkpoint import load_full_state_dict
 from kubetrain.checkpoint_manifest import latest_checkpoint
 from kubetrain.testing.processes import (
     alive,
@@ -100,20 +102,30 @@ def rank0_log(local_root: Path, name: str) -> str:
     return (local_root / name / "node-0.log").read_text()
 
 
+def newest_checkpoint_loads(checkpoints: Path) -> None:
+    """The newest complete checkpoint verifies (every sha256) and its model loads."""
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None, f"no complete checkpoint in {checkpoints}"
+    assert load_full_state_dict(latest, verify=True)
+
+
 def checkpointed_epoch(checkpoints: Path) -> int:
     latest = latest_checkpoint(checkpoints)
     return int(Path(latest).name.split("-")[1]) if latest else 0
 
 
+@pytest.mark.fault
 def test_a_sigkilled_rank_fails_wait_within_10s_naming_node_and_signal(
-    local_root: Path, digits_dir: Path, tmp_path: Path, figures
+    local_root: Path, digits_dir: Path, tmp_path: Path, figures, injected
 ) -> None:
     name = launch_training(digits_dir, tmp_path / "ckpt", 500)
     processes = job_processes(local_root, name)
-    wait_until(lambda: "epoch 1/" in rank0_log(local_root, name), 60, "first epoch")
+    wait_until(lambda: checkpointed_epoch(tmp_path / "ckpt") >= 1, 60, "first checkpoint")
     waiter = start_wait(name)
 
     killed_at = kill(processes["workers-1"][0], signal.SIGKILL)
+    wait_until(lambda: not alive(processes["workers-1"][:1]), 5, "the worker to die")
+    injected.struck("rank 1's worker died of SIGKILL")
     _, stderr = waiter.communicate(timeout=60)
     failed_after = time.monotonic() - killed_at
 
@@ -123,11 +135,13 @@ def test_a_sigkilled_rank_fails_wait_within_10s_naming_node_and_signal(
     assert "node 1 exited with code 1" in first_line, stderr
     assert "rank 1 (local rank 0) was killed by signal SIGKILL" in first_line, stderr
     wait_until(lambda: not alive(processes["all"]), 5, f"processes left: {alive(processes['all'])}")
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(tmp_path / "ckpt"))
     figures.record("SIGKILLed rank: wait failed after (s)", round(failed_after, 2))
 
 
+@pytest.mark.fault
 def test_a_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(
-    local_root: Path, digits_dir: Path, tmp_path: Path, figures
+    local_root: Path, digits_dir: Path, tmp_path: Path, figures, injected
 ) -> None:
     epochs = 8
     baseline = launch_training(digits_dir, tmp_path / "baseline", epochs)
@@ -143,6 +157,7 @@ def test_a_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(
 
     log = rank0_log(local_root, restarted)
     assert "failed (exitcode: -9)" in (local_root / restarted / "node-1.log").read_text()
+    injected.struck("rank 1's worker died of SIGKILL (torchrun saw exitcode -9)")
     resumed = [int(m.group(1)) for m in RESUMED_LINE.finditer(log)]
     assert len(resumed) == 1, log
     assert newest_at_kill <= resumed[0] < epochs  # the newest checkpoint at (or after) the kill
@@ -157,6 +172,7 @@ def test_a_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(
 
     difference = final_accuracy(restarted) - final_accuracy(baseline)
     assert abs(difference) <= 0.01
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(tmp_path / "ckpt"))
     figures.record(
         "restart after a SIGKILLed rank",
         f"killed after epoch {newest_at_kill}, resumed from epoch {resumed[0]}, epochs redone 0, "
@@ -164,23 +180,27 @@ def test_a_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(
     )
 
 
+@pytest.mark.fault
 def test_sigterm_to_a_local_wait_stops_every_process_within_5s(
-    local_root: Path, digits_dir: Path, tmp_path: Path, figures
+    local_root: Path, digits_dir: Path, tmp_path: Path, figures, injected
 ) -> None:
     name = launch_training(digits_dir, tmp_path / "ckpt", 500)
     processes = job_processes(local_root, name)
     waiter = start_wait(name)
-    wait_until(lambda: "epoch 1/" in rank0_log(local_root, name), 60, "first epoch")
+    wait_until(lambda: checkpointed_epoch(tmp_path / "ckpt") >= 1, 60, "first checkpoint")
 
     sent_at = kill(waiter.pid, signal.SIGTERM)
+    wait_until(lambda: not alive(processes["all"]), 30, "every process of the job to end")
+    gone_after = time.monotonic() - sent_at
     _, stderr = waiter.communicate(timeout=30)
-    wait_until(lambda: not alive(processes["all"]), 5 - (time.monotonic() - sent_at), "stopped")
 
     assert waiter.returncode == 128 + signal.SIGTERM, stderr
+    injected.struck("wait received SIGTERM and exited 143")
+    assert gone_after <= 5, f"the job's processes ran {gone_after:.2f}s after the SIGTERM"
     assert "cancelled by SIGTERM; stopped its processes" in stderr
     assert LocalBackend().status(name).state == "Failed"
-    figures.record("SIGTERM to a local wait: every process gone after (s)",
-                   round(time.monotonic() - sent_at, 2))  # fmt: skip
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(tmp_path / "ckpt"))
+    figures.record("SIGTERM to a local wait: every process gone after (s)", round(gone_after, 2))
 
 
 def test_four_pipeline_runs_at_once_share_nothing_by_accident(
@@ -218,8 +238,9 @@ def test_four_pipeline_runs_at_once_share_nothing_by_accident(
     assert len({run_dir.name for run_dir in output.iterdir() if run_dir.is_dir()}) == 4
 
 
+@pytest.mark.fault
 def test_no_space_left_while_collecting_is_a_clear_error_and_publishes_nothing(
-    trained_checkpoints: dict[str, Path], tmp_path: Path
+    trained_checkpoints: dict[str, Path], tmp_path: Path, injected
 ) -> None:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
@@ -246,4 +267,6 @@ def test_no_space_left_while_collecting_is_a_clear_error_and_publishes_nothing(
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, run.stderr
     assert "no space left" in lines[0].lower() and "nothing was published" in lines[0], lines[0]
+    injected.struck("the filesystem ran out of space mid-copy")
     assert run.stdout.strip().splitlines()[-1] == "[]", "no model folder, no staging debris"
+    injected.data_intact("the collected checkpoint", lambda: newest_checkpoint_loads(ckpt))

@@ -21,10 +21,13 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kubetrain.backends.local import LocalBackend
 from kubetrain.backends.local_processes import marked_processes
+from kubetrain.checkpoint import load_full_state_dict
+from kubetrain.checkpoint_manifest import latest_checkpoint
 from kubetrain.cli import main
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.testing.processes import process_alive, supervisor_pid, wait_for_descendants
@@ -95,9 +98,25 @@ def launch_training(digits_dir: Path, tmp_path: Path, epochs: int = 500) -> str:
     return stdout.strip().splitlines()[-1]
 
 
-def first_epoch(local_root: Path, name: str) -> None:
-    log = local_root / name / "node-0.log"
-    wait_until(lambda: log.exists() and "epoch 1/" in log.read_text(), 90, "the first epoch")
+def newest_checkpoint_loads(checkpoints: Path) -> None:
+    """The newest complete checkpoint verifies (every sha256) and its model loads."""
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None, f"no complete checkpoint in {checkpoints}"
+    assert load_full_state_dict(latest, verify=True)
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has SIGTERM ignored (the SigIgn mask the kernel shows in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(
+        next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn")), 16
+    )
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+def first_checkpoint(checkpoints: Path) -> None:
+    """Once a complete checkpoint exists: the data a fault injected after it must not lose."""
+    wait_until(lambda: latest_checkpoint(checkpoints) is not None, 90, "the first checkpoint")
 
 
 STUBBORN_WORKER = """
@@ -119,6 +138,10 @@ def stubborn_job(local_root: Path, tmp_path: Path, name: str) -> list[int]:
     wait_until(lambda: len(list(tmp_path.glob("worker-*"))) == 4, 60, "four workers")
     supervisor = supervisor_pid(local_root / name)
     return [supervisor, *wait_for_descendants(supervisor, 6, timeout=30)]
+
+
+def stubborn_workers(everything: list[int]) -> list[int]:
+    return [pid for pid in everything if process_alive(pid) and ignores_sigterm(pid)]
 
 
 # ------------------------------------------------------------------ names stay under the root
@@ -173,12 +196,14 @@ def test_more_local_processes_than_the_machine_takes_are_refused(
 # ------------------------------------------------------------------ processes: stopped, all
 @pytest.mark.fault
 def test_delete_stops_workers_that_ignore_sigterm_in_sessions_of_their_own(
-    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch
+    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch, injected
 ) -> None:
     monkeypatch.chdir(tmp_path)
     everything = stubborn_job(local_root, tmp_path, "stubborn")
     sessions = {os.getsid(pid) for pid in everything}
     assert len(sessions) > 3, "torchrun's workers run in sessions of their own"
+    assert len(stubborn_workers(everything)) == 4
+    injected.struck("four workers ignore SIGTERM, each in a session of its own")
 
     code, _, stderr = finished(kubetrain("delete", "stubborn"), timeout=60)
 
@@ -190,11 +215,13 @@ def test_delete_stops_workers_that_ignore_sigterm_in_sessions_of_their_own(
 
 @pytest.mark.fault
 def test_a_lost_supervisor_fails_the_job_and_its_workers_are_stopped(
-    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch
+    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch, injected
 ) -> None:
     monkeypatch.chdir(tmp_path)
     everything = stubborn_job(local_root, tmp_path, "orphaned")
     os.kill(everything[0], signal.SIGKILL)
+    wait_until(lambda: not process_alive(everything[0]), 5, "the supervisor to die")
+    injected.struck("the supervisor died of SIGKILL with its nodes running")
 
     code, _, stderr = finished(kubetrain("wait", "orphaned"), timeout=60)
 
@@ -206,7 +233,7 @@ def test_a_lost_supervisor_fails_the_job_and_its_workers_are_stopped(
 
 @pytest.mark.fault
 def test_a_reused_supervisor_pid_is_neither_waited_on_nor_signalled(
-    local_root: Path, mark: str
+    local_root: Path, mark: str, injected
 ) -> None:
     """The supervisor dies and its PID now names an unrelated process (written into the record
     here, as the kernel may hand the PID out again): wait reports the job lost at once, and
@@ -217,8 +244,10 @@ def test_a_reused_supervisor_pid_is_neither_waited_on_nor_signalled(
     record = local_root / "reused" / "supervisor.json"
     identity = json.loads(record.read_text())
     os.kill(identity["pid"], signal.SIGKILL)
+    wait_until(lambda: not process_alive(identity["pid"]), 5, "the supervisor to die")
     unrelated = subprocess.Popen(["sleep", "60"], env={"PATH": os.environ["PATH"]})
     record.write_text(json.dumps({**identity, "pid": unrelated.pid}))
+    injected.struck("the supervisor's recorded PID now names a live, unrelated process")
     try:
         code, _, stderr = finished(kubetrain("wait", "reused"), timeout=30)
         assert code == 1 and "SupervisorLost" in stderr, stderr
@@ -232,12 +261,15 @@ def test_a_reused_supervisor_pid_is_neither_waited_on_nor_signalled(
 
 @pytest.mark.fault
 def test_a_job_with_corrupt_records_can_still_be_deleted(
-    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch
+    local_root: Path, tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch, injected
 ) -> None:
     monkeypatch.chdir(tmp_path)
     everything = stubborn_job(local_root, tmp_path, "corrupt")
     (local_root / "corrupt" / "status.json").write_text("{not json")
     (local_root / "corrupt" / "job.json").write_bytes(b"\x00\xff")
+    with pytest.raises(ValueError):
+        json.loads((local_root / "corrupt" / "status.json").read_text())
+    injected.struck("the running job's status.json and job.json are corrupt")
 
     code, _, stderr = finished(kubetrain("delete", "corrupt"), timeout=60)
 
@@ -250,35 +282,39 @@ def test_a_job_with_corrupt_records_can_still_be_deleted(
 @pytest.mark.fault
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_cancelled_local_wait_says_so_and_stops_every_process(
-    signum: int, local_root: Path, digits_dir: Path, tmp_path: Path, mark: str
+    signum: int, local_root: Path, digits_dir: Path, tmp_path: Path, mark: str, injected
 ) -> None:
     name = launch_training(digits_dir, tmp_path)
     waiter = kubetrain("wait", name)
-    first_epoch(local_root, name)
+    first_checkpoint(tmp_path / "ckpt")
 
     waiter.send_signal(signum)
     code, _, stderr = finished(waiter, timeout=30)
 
     assert code == 128 + signum, stderr
+    injected.struck(f"wait received {signal.Signals(signum).name}")
     assert f"cancelled by {signal.Signals(signum).name}; stopped its processes" in stderr
     assert left_running(mark) == []
     assert LocalBackend().status(name).state == "Failed"
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(tmp_path / "ckpt"))
 
 
 @pytest.mark.fault
 def test_a_stopped_rank_is_reported_as_a_stall_not_waited_on(
-    local_root: Path, digits_dir: Path, tmp_path: Path, mark: str, figures
+    local_root: Path, digits_dir: Path, tmp_path: Path, mark: str, figures, injected
 ) -> None:
     """SIGSTOP on rank 1's worker: rank 0 blocks in its next all-reduce and every log goes
     quiet. Without the stall check `wait` would sit out gloo's 30-minute timeout."""
     name = launch_training(digits_dir, tmp_path)
-    first_epoch(local_root, name)
+    first_checkpoint(tmp_path / "ckpt")
     node_1 = LocalBackend().status(name).nodes[1].pid
     (worker,) = wait_for_descendants(node_1, 1, timeout=30)
     waiter = kubetrain("wait", name, "--stall-timeout", "3")
 
     os.kill(worker, signal.SIGSTOP)
     stopped_at = time.monotonic()
+    wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_STOPPED, 5, "SIGSTOP")
+    injected.struck("rank 1's worker is stopped (SIGSTOP)")
     code, _, stderr = finished(waiter, timeout=60)
     reported_after = time.monotonic() - stopped_at
 
@@ -286,6 +322,7 @@ def test_a_stopped_rank_is_reported_as_a_stall_not_waited_on(
     assert f"job {name} stalled: no node wrote to its log for 3s" in stderr
     assert left_running(mark) == []
     assert reported_after < 3 + 10, f"reported {reported_after:.1f}s after the rank stopped"
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(tmp_path / "ckpt"))
     figures.record("stopped rank (stall timeout 3 s): wait reported after (s)",
                    round(reported_after, 2))  # fmt: skip
 
@@ -297,7 +334,7 @@ def test_a_stopped_rank_is_reported_as_a_stall_not_waited_on(
     ids=["ctrl-c", "sigterm"],
 )
 def test_an_interrupted_kubetrain_run_stops_its_job_and_says_so(
-    signum: int, to_group: bool, local_root: Path, tmp_path: Path, mark: str
+    signum: int, to_group: bool, local_root: Path, tmp_path: Path, mark: str, injected
 ) -> None:
     """Ctrl-C reaches the terminal's process group (run and its step), `kill` only run; either
     way the training job, whose processes no terminal signal reaches, is stopped too."""
@@ -310,11 +347,9 @@ def test_an_interrupted_kubetrain_run_stops_its_job_and_says_so(
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         start_new_session=True,
     )
-    wait_until(
-        lambda: any("epoch 1/" in log.read_text() for log in local_root.glob("*/node-0.log")),
-        120,
-        "the first epoch",
-    )
+    wait_until(lambda: len(list(local_root.glob("*/checkpoints"))) == 1, 120, "the job to start")
+    (checkpoints,) = local_root.glob("*/checkpoints")
+    first_checkpoint(checkpoints)
 
     if to_group:
         os.killpg(run.pid, signum)
@@ -323,9 +358,11 @@ def test_an_interrupted_kubetrain_run_stops_its_job_and_says_so(
     code, _, stderr = finished(run, timeout=60)
 
     assert code == 128 + signum, stderr[-3000:]
+    injected.struck(f"kubetrain run received {signal.Signals(signum).name} while training")
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith(
         f"kubetrain run: error: stopped by {signal.Signals(signum).name}: stopped the running "
         "step and its training job"
     ), last_line
     assert left_running(mark) == []
+    injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(checkpoints))

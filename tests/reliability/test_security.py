@@ -155,6 +155,7 @@ def refused(code: int, err: str, named: Path | str, marker: Path) -> None:
     assert str(named) in err and "error:" in err and "Traceback" not in err, err
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("strategy", "relative", "payload"),
     [("ddp", "model.safetensors", raw_pickle), ("fsdp", "dcp/.metadata", raw_pickle)],
@@ -172,6 +173,7 @@ def test_collect_refuses_a_planted_checkpoint_file(
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("strategy", "relative", "payload"),
     [
@@ -217,6 +219,7 @@ def plant_bytes_entry(epoch: Path, marker: Path) -> str:
     return fqn
 
 
+@pytest.mark.security
 def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
     checkpoints, digits_dir, tmp_path, capsys
 ) -> None:
@@ -228,6 +231,7 @@ def test_resume_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
     assert fqn in err
 
 
+@pytest.mark.security
 def test_collect_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
     checkpoints, tmp_path, capsys
 ) -> None:
@@ -243,6 +247,7 @@ def test_collect_refuses_dcp_metadata_that_turns_a_tensor_into_pickled_bytes(
     assert fqn.removeprefix("model.") in err and not output.exists()
 
 
+@pytest.mark.security
 def test_evaluate_refuses_a_planted_model_file(collected, digits_dir, tmp_path, capsys) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(collected, model_dir)
@@ -252,6 +257,7 @@ def test_evaluate_refuses_a_planted_model_file(collected, digits_dir, tmp_path, 
     refused(code, err, planted, marker)
 
 
+@pytest.mark.security
 def test_promote_refuses_a_planted_model_file_without_unpickling_it(collected, tmp_path, capsys):
     """Promote checks the safetensors header (never unpickles), so a pickle with a matching
     sha256 in its card is refused and nothing reaches the registry."""
@@ -312,6 +318,7 @@ def torchscript_data_pkl(archive: zipfile.ZipFile, marker: Path) -> dict[str, by
     return {name: raw_pickle(marker)}
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("kind", "file", "planting"),
     [
@@ -338,6 +345,7 @@ def test_verify_export_refuses_a_planted_program(collected, tmp_path, kind, file
     assert not marker.exists(), "the planted pickle ran"
 
 
+@pytest.mark.security
 def test_prep_refuses_an_npz_with_a_pickled_array(tmp_path, capsys) -> None:
     """(tests in components/dataset_prep cover the refusal; this one that nothing ran.)"""
     marker = tmp_path / "ran"
@@ -504,6 +512,7 @@ def python_files(root: str) -> Iterator[Path]:
             yield path
 
 
+@pytest.mark.security
 @pytest.mark.parametrize("root", ["kubetrain", "components", "pipelines", "bench"])
 def test_no_python_code_hands_a_shell_a_command_line(root: str) -> None:
     files = list(python_files(root))
@@ -567,6 +576,7 @@ def test_the_container_scanner_finds_a_shell(container: dict[str, Any]) -> None:
     assert container_findings({"spec": {"templates": [{"container": container}]}}, "doc")
 
 
+@pytest.mark.security
 @pytest.mark.parametrize("path", sorted((REPO / "pipelines" / "compiled").glob("*.yaml")))
 def test_no_compiled_pipeline_runs_a_shell_on_a_command_line(path: Path) -> None:
     documents = list(yaml.safe_load_all(path.read_text()))
@@ -626,6 +636,7 @@ def test_the_dockerfile_scanner_finds_a_shell_or_root(tmp_path: Path, text: str)
     assert dockerfile_findings(tmp_path / "x.Dockerfile")
 
 
+@pytest.mark.security
 @pytest.mark.parametrize("path", sorted((REPO / "images").glob("*.Dockerfile")))
 def test_images_use_exec_form_and_end_as_a_numeric_non_root_user(path: Path) -> None:
     """(tests/test_runtimes.py checks the two images' USER too; this covers every Dockerfile,
@@ -675,6 +686,7 @@ def test_the_rbac_scanner_finds_wildcards_and_secret_writes() -> None:
     assert len(rbac_findings({"kind": "Role", "rules": rules}, "role")) == 3
 
 
+@pytest.mark.security
 def test_every_role_in_the_repo_has_no_wildcards_and_writes_no_secrets() -> None:
     """(tests/test_runtimes.py checks runtimes/rbac.yaml's Role and ClusterRole; this finds
     every Role/ClusterRole in any YAML file, so a new one cannot skip the rules.)"""
@@ -725,6 +737,7 @@ def pod_specs(document: Any) -> list[dict[str, Any]]:
     return own + [spec for value in document.values() for spec in pod_specs(value)]
 
 
+@pytest.mark.security
 def test_rendered_jobs_runtimes_and_pipelines_never_ask_for_root(tmp_path: Path) -> None:
     """Nothing asks for root or privileges; the Indexed Job's pods and every Argo step
     container enforce runAsNonRoot (TrainJob pods get it from the runtime, which the
@@ -823,6 +836,7 @@ def secret_references(document: Any) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("backend", "extra"),
     [
@@ -852,6 +866,7 @@ def test_launch_puts_secrets_in_objects_by_name_only(
     assert all(set(ref) <= {"name", "key", "optional"} for ref in references), references
 
 
+@pytest.mark.security
 def test_submit_argo_sends_the_token_only_in_its_header(planted_environment, capsys) -> None:
     """(tests/test_submit_argo.py checks out/err; this checks what reaches the server.)"""
     token = PLANTED["ARGO_TOKEN"]
@@ -870,6 +885,7 @@ def test_submit_argo_sends_the_token_only_in_its_header(planted_environment, cap
     ]
 
 
+@pytest.mark.security
 def test_a_local_run_keeps_secret_values_out_of_its_logs_and_files(
     planted_environment, digits_dir, tmp_path, monkeypatch, capsys
 ) -> None:

@@ -242,6 +242,7 @@ def test_bad_option_exits_nonzero_with_one_line(digits_dir: Path, tmp_path: Path
         (["--batch-size", "0"], "--batch-size"),
         (["--lr", "0"], "--lr"),
         (["--lr", "nan"], "--lr"),
+        (["--lr", "inf"], "--lr"),
         (["--grad-accum-steps", "0"], "--grad-accum-steps"),
         (["--clip-grad-norm", "-1"], "--clip-grad-norm"),
         (["--checkpoint-every", "0"], "--checkpoint-every"),

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
-from kubetrain import storage
+from kubetrain import rules, storage
 from kubetrain.errors import InvalidInput
 from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
@@ -148,10 +148,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
     _at_least("--grad-accum-steps", args.grad_accum_steps, 1, "pass --grad-accum-steps 1 or more")
     _at_least("--checkpoint-every", args.checkpoint_every, 1, "pass --checkpoint-every 1 or more")
     _at_least("--clip-grad-norm", args.clip_grad_norm, 0, "pass a positive norm, or 0 to disable")
-    if not args.lr > 0:
-        raise InvalidInput(
-            "--lr", f"{args.lr} is not positive", "pass a learning rate such as 1e-3"
-        )
+    rules.positive_number(args.lr, "--lr", "pass a finite learning rate such as 1e-3")
     if args.dataset == "prepared":
         if args.data is None:
             raise InvalidInput("--data", "is required with --dataset prepared", "pass --data DIR")

@@ -95,7 +95,7 @@ def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
     if not storage.is_dir(checkpoint_dir):
         return None
     try:  # a FIFO or a link to /dev/zero as LATEST is no pointer: it is not read
-        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it has")
+        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
         named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
     except (OSError, UnicodeDecodeError, IntegrityError):
         named = ""

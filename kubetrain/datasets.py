@@ -132,8 +132,8 @@ def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
                 f"{what}: {MANIFEST} split {shown(split)} is {shown(entry)}, not an object; "
                 f"{REWRITE}"
             )
-        # the name before the field checks: a non-string file is named as the rule says
-        check_entry(data_dir, entry.get("file"), what, f"{MANIFEST} split {split} names")
+        if "file" in entry:  # the rule's own words for a name it refuses, e.g. a non-string
+            check_entry(data_dir, entry["file"], what, f"{MANIFEST} split {split} names")
         check_fields(entry, _SPLIT_FIELDS, what, MANIFEST, within=f"splits.{split}.")
     return manifest
 

@@ -171,7 +171,8 @@ def _read_export_card(folder: storage.Location) -> dict[str, Any]:
                 f"{what}: {EXPORT_CARD} export {shown(kind)} is {shown(entry)}, not an object; "
                 f"{REWRITE}"
             )
-        check_entry(folder, entry.get("file"), what, f"{EXPORT_CARD} export {kind} names")
+        if "file" in entry:  # the rule's own words for a name it refuses, e.g. a non-string
+            check_entry(folder, entry["file"], what, f"{EXPORT_CARD} export {kind} names")
         check_fields(entry, _EXPORT_FIELDS, what, EXPORT_CARD, within=f"exports.{kind}.")
     return card
 

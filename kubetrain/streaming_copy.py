@@ -89,8 +89,9 @@ def copy_verified(
 
     Idempotent, so a retried step is cheap: a target that already has the expected sha256 is
     left alone; one with other content is replaced only after the new copy is verified.  Raises
-    :class:`IntegrityError` (nothing published, nothing partial left) when the source is missing
-    or its size or sha256 is not the expected one, and :class:`KubetrainError` when the target
+    :class:`IntegrityError` (nothing published, nothing partial left) when the source is missing,
+    is no regular file (a FIFO would block the copy, ``/dev/zero`` never end it) or its size or
+    sha256 is not the expected one, and :class:`KubetrainError` when the target
     cannot be written (e.g. its disk is full).
     """
     expected = expected_sha256.strip().lower()

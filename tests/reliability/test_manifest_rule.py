@@ -569,3 +569,20 @@ def test_every_face_of_the_steps_takes_the_model_factory() -> None:
         assert args[at + 1] == "{{inputs.parameters.model_factory}}"
         defaults = {p.name: getattr(p, "default", None) for p in template.inputs}
         assert defaults["model_factory"] == ""
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero", "link-to-dev-zero"])
+def test_the_streaming_copy_refuses_a_source_that_is_no_regular_file(source, tmp_path) -> None:
+    """The copy collect streams a model file with: a FIFO would block it, /dev/zero never end."""
+    from kubetrain.errors import IntegrityError
+    from kubetrain.streaming_copy import copy_verified
+
+    if source == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    elif source == "link-to-dev-zero":
+        (tmp_path / source).symlink_to("/dev/zero")
+    path = source if source.startswith("/") else str(tmp_path / source)
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        copy_verified(path, str(tmp_path / "copy"), expected_sha256=DUMMY_SHA256)
+    assert not (tmp_path / "copy").exists()

@@ -10,6 +10,9 @@ open waits forever) or a folder. On object storage, which has no links or device
 alone is checked. Whoever can write a folder can write its record, digests included, so names
 are checked before anything they name is opened, and a matching sha256 is no excuse.
 
+The same goes for code: a record's model spec (``package.module:callable``) is imported only
+when the user names that code too (:func:`check_model_code`); built-in models need nothing.
+
 Every way a record can be unusable (missing, unreadable, not JSON, not an object, another
 format, a field of the wrong type, a name against the rule) becomes one ``IntegrityError``
 that names the folder and says what to do.

@@ -236,6 +236,7 @@ def test_bad_option_exits_nonzero_with_one_line(digits_dir: Path, tmp_path: Path
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("extra", "option"),
     [

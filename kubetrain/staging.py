@@ -2,15 +2,19 @@
 
 On a cluster, a KFP artifact lives in the pipeline's object store, which the TrainJob's pods
 cannot read; the launch step, which mounts the shared volume, copies the dataset there first.
-The copy is published atomically and reused when an identical one is already there.
+The copy is published atomically and reused when an identical one is already there. Only the
+manifest and the files it lists are copied, each held to the manifest rule first: whatever
+else lies in the folder (a link to /dev/zero, a FIFO) is never opened.
 """
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from kubetrain import atomic, storage
 from kubetrain.datasets import read_manifest
+from kubetrain.format_manifest import MANIFEST
 from kubetrain.output_rule import DATASET, check_output
 
 
@@ -24,9 +28,13 @@ def stage_dataset(source_dir: str, target_dir: str, field: str = "data_dir") -> 
     if (target / "manifest.json").is_file():
         if read_manifest(target) == source_manifest:
             return str(target)
+    source = Path(storage.dereference(source_dir))
+    listed = [MANIFEST, *(entry["file"] for entry in source_manifest["splits"].values())]
     staged = atomic.staging_dir(target)
     try:
-        shutil.copytree(source_dir, staged, dirs_exist_ok=True)
+        for name in listed:
+            (staged / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, staged / name)
         atomic.publish_dir(staged, target)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

@@ -99,16 +99,20 @@ def training_pipeline(
         namespace=namespace,
     )
     wait.set_caching_options(False)
+    # The model spec is the user's explicit choice: collect's export and evaluate may build
+    # custom model code from it, which a card alone never makes them import.
     collect = collect_checkpoint(
         checkpoint_dir=launch.outputs["checkpoint_dir"],
         storage=storage,
         run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        model_factory=model,
     ).after(wait)
     kubernetes.mount_pvc(collect, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
     evaluate = evaluate_model(
         model=collect.outputs["model"],
         dataset=prep.outputs["dataset"],
         threshold=accuracy_threshold,
+        model_factory=model,
     )
     # The steps that read or write `storage` get its endpoint and keys by reference, as the
     # TrainJob's nodes do (launch renders them into the job).

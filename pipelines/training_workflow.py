@@ -226,6 +226,8 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
                 "checkpoint_dir": launch.get_parameter("checkpoint_dir").value,
                 "output": f"{shared}/models/{run}",
                 "export": p("export"),
+                # the user's explicit choice: custom model code a card names is built only so
+                "model_factory": p("model"),
             },
         )
         evaluate = evaluate_model_template(volume=volume, image=image)(
@@ -234,6 +236,7 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
                 collect.get_artifact("model"),
                 Parameter(name="data", value=prep.get_parameter("dataset_dir").value),
                 Parameter(name="threshold", value=p("accuracy_threshold")),
+                Parameter(name="model_factory", value=p("model")),
             ],
         )
         promote = promote_model_template(volume=volume, image=image)(

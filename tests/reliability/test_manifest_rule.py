@@ -586,3 +586,26 @@ def test_the_streaming_copy_refuses_a_source_that_is_no_regular_file(source, tmp
     with pytest.raises(IntegrityError, match="not a regular file"):
         copy_verified(path, str(tmp_path / "copy"), expected_sha256=DUMMY_SHA256)
     assert not (tmp_path / "copy").exists()
+
+
+@pytest.mark.security
+def test_staging_a_dataset_copies_only_what_its_manifest_lists(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    """Beside the listed files, a link to /dev/zero and a FIFO: launch's copy onto the shared
+    volume opens neither (a whole-folder copy would hang on both) and publishes only the
+    manifest and its splits."""
+    from kubetrain.staging import stage_dataset
+
+    source = tmp_path / "data"
+    shutil.copytree(digits_dir, source)
+    (source / "zero.bin").symlink_to("/dev/zero")
+    os.mkfifo(source / "pipe")
+    staged = Path(stage_dataset(str(source), str(tmp_path / "shared" / "data")))
+
+    listed = {
+        "manifest.json",
+        *(s["file"] for s in datasets.read_manifest(source)["splits"].values()),
+    }
+    assert {p.name for p in staged.iterdir()} == listed
+    assert datasets.load_split(staged, "test")

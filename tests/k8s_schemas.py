@@ -11,20 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import yaml
+from shared_material import SHARED, shared_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TRAINER_SCHEMAS = REPO_ROOT.parent / "shared" / "schemas" / "kubeflow-trainer"
-SKIP_REASON = "../shared/schemas not present: upstream-schema conformance not checked"
+TRAINER_SCHEMAS = SHARED / "schemas" / "kubeflow-trainer"
 TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"
 CLUSTER_RUNTIME_CRD = "trainer.kubeflow.org_clustertrainingruntimes.yaml"
 
 
 def crd_schema(filename: str) -> dict[str, Any]:
-    """The v1alpha1 openAPIV3Schema of a vendored CRD; skips the test when ../shared is absent."""
-    if not (TRAINER_SCHEMAS / filename).is_file():
-        pytest.skip(SKIP_REASON)
+    """The v1alpha1 openAPIV3Schema of a vendored CRD; skips the test when ../shared is absent
+    (fails it under CI=true)."""
+    shared_file(TRAINER_SCHEMAS / filename, "conformance to the Kubeflow Trainer CRD")
     return _load_schema(filename)
 
 

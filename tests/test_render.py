@@ -1,11 +1,11 @@
 """Rendering a TrainJobSpec: TrainJob (v2.3 and v2.1 forms), script ConfigMap, Indexed Job +
 headless Service, and `kubetrain render trainjob`.
 
-TrainJobs are checked against the vendored v2.3 CRD (skipped without ../shared) and always
-round-trip through the kubeflow_trainer_api models; core kinds are checked with
-kubernetes-validate. The v2.1 CRD is not vendored: its podTemplateOverrides entry is checked
-structurally, against the v2.1 Go type's fields, and its pod patch against the v2.3 pod patch
-schema (the same Kubernetes types).
+TrainJobs are checked against the vendored v2.3 CRD (skipped without ../shared, failed
+under CI=true) and always round-trip through the kubeflow_trainer_api models; core kinds are
+checked with kubernetes-validate. The v2.1 CRD is not vendored: its podTemplateOverrides entry
+is checked structurally, against the v2.1 Go type's fields, and its pod patch against the v2.3
+pod patch schema (the same Kubernetes types).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 #: S3 allows at most 10,000 parts per multipart upload, each but the last at least 5 MiB.
 _S3_MAX_PARTS = 9_000
 _S3_MIN_PART = 5 * 1024 * 1024
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 #: copy_file_range errors that mean "not between these files": copy through Python instead.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM}
@@ -95,7 +95,7 @@ def copy_verified(
     cannot be written (e.g. its disk is full).
     """
     expected = expected_sha256.strip().lower()
-    if not _SHA256_RE.match(expected):
+    if not _SHA256_RE.fullmatch(expected):
         raise InvalidInput(
             "expected_sha256", f"{expected_sha256!r} is not a sha256", "give 64 hex digits"
         )

@@ -124,13 +124,16 @@ def test_latest_checkpoint_skips_incomplete_and_hidden_folders(tmp_path: Path) -
     assert latest_checkpoint(tmp_path) == good
 
 
-def test_flipped_byte_in_model_file_is_caught_and_named(tmp_path: Path) -> None:
+@pytest.mark.fault
+def test_flipped_byte_in_model_file_is_caught_and_named(tmp_path: Path, injected) -> None:
     model, optimizer = trained()
     path = save(tmp_path, model, optimizer, epoch=1)
     payload = path / "model.safetensors"
     data = bytearray(payload.read_bytes())
     data[len(data) // 2] ^= 0x01
     payload.write_bytes(bytes(data))
+    assert payload.read_bytes() == bytes(data)
+    injected.struck("one bit of the stored model file flipped")
 
     with pytest.raises(IntegrityError, match=r"model\.safetensors.*corrupt"):
         verify_checkpoint(path)
@@ -182,12 +185,13 @@ KILL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize(
     ("point", "strategy"),
     [("payload", "ddp"), ("manifest", "fsdp"), ("publish", "ddp"), ("latest", "ddp")],
 )
 def test_killed_save_is_never_returned_as_latest(
-    tmp_path: Path, run_python, point: str, strategy: str
+    tmp_path: Path, run_python, point: str, strategy: str, injected
 ) -> None:
     ckpt_dir = tmp_path / "ckpt"
     script = tmp_path / "kill_during_save.py"
@@ -197,6 +201,7 @@ def test_killed_save_is_never_returned_as_latest(
     child = run_python([str(script), str(ckpt_dir), point, strategy, tests_dir], timeout=60)
 
     assert child.returncode == -signal.SIGKILL, child.stderr
+    injected.struck(f"the saving process was SIGKILLed at {point}")
     latest = latest_checkpoint(ckpt_dir)
     assert latest == ckpt_dir / "epoch-000001"
     assert (ckpt_dir / "LATEST").read_text().strip() == "epoch-000001"
@@ -206,14 +211,18 @@ def test_killed_save_is_never_returned_as_latest(
         assert not (ckpt_dir / "epoch-000002").exists()
         (debris,) = ckpt_dir.glob(".tmp-epoch-000002-*")  # stays hidden, its name unique
         assert debris.is_dir()
-    verify_checkpoint(latest)
     from safetensors.torch import load_file
 
     expected = load_file(str(tmp_path / "epoch1-weights.safetensors"))
-    actual = load_full_state_dict(latest)
-    assert sorted(actual) == sorted(expected)
-    for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
+
+    def previous_checkpoint_is_bit_identical() -> None:
+        verify_checkpoint(latest)
+        actual = load_full_state_dict(latest)
+        assert sorted(actual) == sorted(expected)
+        for key in expected:
+            torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
+
+    injected.data_intact("the previous checkpoint", previous_checkpoint_is_bit_identical)
 
     # The next save of the same epoch clears the debris and publishes normally.
     model, optimizer = trained(seed=2)
@@ -314,7 +323,7 @@ def test_object_storage_checkpoint_dirs_have_no_lock() -> None:
 
 @pytest.mark.fault
 def test_a_second_training_job_on_a_running_jobs_folder_fails_and_loses_nothing(
-    tmp_path: Path, digits_dir: Path
+    tmp_path: Path, digits_dir: Path, injected
 ) -> None:
     """The issue's case with real trainers: job B is started on the folder job A is writing.
     B stops with one line naming A before it trains; A goes on; A's LATEST and checkpoints
@@ -350,16 +359,21 @@ def test_a_second_training_job_on_a_running_jobs_folder_fails_and_loses_nothing(
     assert job_b.returncode == 2 and len(lines) == 1, job_b.stderr
     assert lines[0].startswith("kubetrain.train: error: --checkpoint-dir: "), lines
     assert f"{ckpt_dir} is being written by another job (job job-a" in lines[0]
-    newest = latest_checkpoint(ckpt_dir)
-    assert newest is not None
-    manifest = verify_checkpoint(newest)
-    assert [entry["epoch"] for entry in manifest["metrics"]] == list(
-        range(1, manifest["epoch"] + 1)
-    )
-    load_model(newest)  # loads
-    for folder in ckpt_dir.glob("epoch-*"):  # every epoch is A's: its record in A's history
-        earlier = verify_checkpoint(folder)
-        assert earlier["metrics"] == manifest["metrics"][: earlier["epoch"]], folder
+    injected.struck("a second trainer started on the folder job A was writing")
+
+    def every_checkpoint_is_job_as() -> None:
+        newest = latest_checkpoint(ckpt_dir)
+        assert newest is not None
+        manifest = verify_checkpoint(newest)
+        assert [entry["epoch"] for entry in manifest["metrics"]] == list(
+            range(1, manifest["epoch"] + 1)
+        )
+        load_model(newest)  # loads
+        for folder in ckpt_dir.glob("epoch-*"):  # every epoch is A's: in A's history
+            earlier = verify_checkpoint(folder)
+            assert earlier["metrics"] == manifest["metrics"][: earlier["epoch"]], folder
+
+    injected.data_intact("job A's checkpoints", every_checkpoint_is_job_as)
 
 
 def test_a_filesystem_without_locks_trains_unlocked(tmp_path: Path, monkeypatch) -> None:

@@ -40,7 +40,10 @@ def test_fsdp_checkpoint_collects_to_the_same_keys_and_shapes_as_ddp(trained_che
     assert shapes(tmp_path / "fsdp") == shapes(tmp_path / "ddp")
 
 
-def test_a_flipped_byte_fails_naming_the_file_and_publishes_nothing(trained_checkpoints, tmp_path):
+@pytest.mark.fault
+def test_a_flipped_byte_fails_naming_the_file_and_publishes_nothing(
+    trained_checkpoints, tmp_path, injected
+):
     broken = tmp_path / "ckpt"
     shutil.copytree(trained_checkpoints["ddp"], broken)
     latest = broken / (broken / "LATEST").read_text().strip()
@@ -48,6 +51,10 @@ def test_a_flipped_byte_fails_naming_the_file_and_publishes_nothing(trained_chec
     data = bytearray(target.read_bytes())
     data[-1] ^= 0xFF
     target.write_bytes(bytes(data))
+    assert (
+        target.read_bytes() != (trained_checkpoints["ddp"] / latest.name / target.name).read_bytes()
+    )
+    injected.struck("one byte of the stored model file flipped")
     with pytest.raises(
         IntegrityError, match=r"model\.safetensors has sha256 \w+, expected \w+; it is corrupt"
     ):

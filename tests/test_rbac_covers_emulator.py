@@ -42,14 +42,8 @@ JUSTIFIED = {
     "(running as this ServiceAccount) reports the step's outputs with it, not the CLI",
     ("argoproj.io", "workflowtaskresults", "patch"): "the same, as the executor updates them",
 }
-#: Granted, used by nothing: these cases fail (strict xfail) until rbac.yaml drops the verb.
-UNNEEDED = {
-    ("", "events", "watch"): "wait lists a failing pod's events once (list_namespaced_event); "
-    "nothing watches events",
-    ("", "services", "list"): "the job backend creates, reads and deletes its one headless "
-    "Service by name; nothing lists Services",
-    ("", "services", "watch"): "nothing watches Services either",
-}
+#: Granted, used by nothing (strict xfails until rbac.yaml drops the verb): none now.
+UNNEEDED: dict[tuple[str, str, str], str] = {}
 
 
 # ------------------------------------------------------------------ requests in RBAC terms
@@ -285,15 +279,8 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
 TRAINER_ONLY = {"missing-runtimes", "namespaced-runtime", "from-a-step-pod",
                 "step-pod-known-by-label"}  # fmt: skip
 CASES = [(b, s) for b in BACKENDS for s in SCENARIOS if b == "trainer" or s not in TRAINER_ONLY]
-#: Requests rbac.yaml does not grant (real gaps), as strict xfails: fixed, they fail as XPASS.
-GAPS = {
-    ("job", "suspend-on-cancel"): "wait --backend job --on-cancel suspend PATCHes the batch Job "
-    "(spec.suspend), but rbac.yaml grants jobs only create/get/list/watch/delete: on a cluster "
-    "the suspend is refused (403) and the Job is left as it was, not stopped",
-    ("trainer", "step-pod-known-by-label"): "launch from a step pod that carries only the "
-    "workflows.argoproj.io/workflow label GETs the Workflow, which rbac.yaml does not grant: "
-    "the TrainJob gets no owner and outlives its pipeline run",
-}
+#: Requests rbac.yaml does not grant (real gaps), as strict xfails: none now.
+GAPS: dict[tuple[str, str], str] = {}
 
 
 def grant_id(grant: tuple[str, str, str]) -> str:

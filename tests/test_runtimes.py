@@ -114,23 +114,20 @@ EXPECTED_ROLE_RULES = [
     },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "delete"]},
     {
         "apiGroups": ["batch"],
         "resources": ["jobs"],
-        "verbs": ["create", "get", "list", "watch", "delete"],
+        "verbs": ["create", "get", "list", "watch", "patch", "delete"],
     },
-    {
-        "apiGroups": [""],
-        "resources": ["services"],
-        "verbs": ["create", "get", "list", "watch", "delete"],
-    },
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "delete"]},
     {
         "apiGroups": ["argoproj.io"],
         "resources": ["workflowtaskresults"],
         "verbs": ["create", "patch"],
     },
+    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["get"]},
 ]
 EXPECTED_CLUSTER_RULES = [
     {

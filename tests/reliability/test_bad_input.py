@@ -389,27 +389,42 @@ def test_bad_input_is_one_line_naming_the_field_and_creates_nothing(
         "kfp": kfp_url,
     }
     argv = [part.format_map(places) for part in bad.argv]
-    files_before = tree(workspace, inputs, digits_dir)
+
+    code, stderr = run_creating_nothing(argv, capsys, k8s, argo, workspace, inputs, digits_dir)
+
+    assert code not in (0, None), f"accepted: kubetrain {' '.join(argv)}"
+    assert_one_line_error(stderr, bad.expected_prog, bad.field)
+
+
+def run_creating_nothing(
+    argv: list[str],
+    capsys: pytest.CaptureFixture[str],
+    k8s: Any,
+    argo: ArgoServer,
+    workspace: Path,
+    *read_only: Path,
+) -> tuple[int | str | None, str]:
+    """``kubetrain.cli.main(argv)`` in-process: (exit code, stderr), once checked that it
+    created nothing: no object and no write request on the emulated API server, no request to
+    the Argo or KFP server, no change under ``workspace`` or ``read_only``, no local job."""
+    files_before = tree(workspace, *read_only)
     objects_before = k8s.emulator.object_keys()
     argo_before = (len(argo.requests), dict(argo.workflows), dict(argo.templates))
     kfp_before = len(RecordingKfpApi.received)
     started = time.monotonic()
-
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's own refusals
         code = exc.code
     stderr = capsys.readouterr().err
-
-    assert code not in (0, None), f"accepted: kubetrain {' '.join(argv)}"
-    assert_one_line_error(stderr, bad.expected_prog, bad.field)
     assert k8s.emulator.object_keys() == objects_before
     writes = [r for r in k8s.emulator.requests(since=started) if r.verb in WRITE_VERBS]
     assert writes == [], writes
     assert (len(argo.requests), dict(argo.workflows), dict(argo.templates)) == argo_before
     assert len(RecordingKfpApi.received) == kfp_before
-    assert tree(workspace, inputs, digits_dir) == files_before
+    assert tree(workspace, *read_only) == files_before
     assert not (workspace / "jobs").exists(), "a local job folder was created"
+    return code, stderr
 
 
 def test_parameter_rules_agree_with_the_steps() -> None:

@@ -26,12 +26,12 @@ import pytest
 
 from kubetrain.backends.local import LocalBackend
 from kubetrain.backends.local_processes import marked_processes
-from kubetrain.checkpoint import load_full_state_dict
 from kubetrain.checkpoint_manifest import latest_checkpoint
 from kubetrain.cli import main
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.testing.processes import process_alive, supervisor_pid, wait_for_descendants
 from tests.reliability.test_bad_input import assert_one_line_error, tree
+from tests.reliability.test_faults import newest_checkpoint_loads
 
 #: Marks every process a test starts (they all inherit it), to find any left behind.
 TEST_MARK = "KUBETRAIN_TEST_MARK"
@@ -96,13 +96,6 @@ def launch_training(digits_dir: Path, tmp_path: Path, epochs: int = 500) -> str:
     )
     assert code == 0, stderr
     return stdout.strip().splitlines()[-1]
-
-
-def newest_checkpoint_loads(checkpoints: Path) -> None:
-    """The newest complete checkpoint verifies (every sha256) and its model loads."""
-    latest = latest_checkpoint(checkpoints)
-    assert latest is not None, f"no complete checkpoint in {checkpoints}"
-    assert load_full_state_dict(latest, verify=True)
 
 
 def ignores_sigterm(pid: int) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,8 @@ from test_bad_input import (
     KFP,
     LOCAL,
     TRAINER,
-    WRITE_VERBS,
-    RecordingKfpApi,
     assert_one_line_error,
-    tree,
+    run_creating_nothing,
 )
 
 from kubetrain import rules
@@ -428,26 +425,10 @@ def refused(
             monkeypatch.setenv(name, value.format_map(places))
         if case.cwd:
             monkeypatch.chdir(case.cwd.format_map(places))
-        files_before = tree(workspace, digits_dir, special)
-        objects_before = k8s.emulator.object_keys()
-        argo_before = (len(argo.requests), dict(argo.workflows), dict(argo.templates))
-        kfp_before = len(RecordingKfpApi.received)
-        started = time.monotonic()
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = exc.code
-        stderr = capsys.readouterr().err
+        code, stderr = run_creating_nothing(argv, capsys, k8s, argo, workspace, digits_dir, special)
         assert code == 2, f"exit {code}: kubetrain {argv}\n{stderr}"
         line = assert_one_line_error(stderr, case.prog, case.field)
         assert line.startswith(f"{case.prog}: error: {case.field}: "), line
-        assert k8s.emulator.object_keys() == objects_before
-        writes = [r for r in k8s.emulator.requests(since=started) if r.verb in WRITE_VERBS]
-        assert writes == [], writes
-        assert (len(argo.requests), dict(argo.workflows), dict(argo.templates)) == argo_before
-        assert len(RecordingKfpApi.received) == kfp_before
-        assert tree(workspace, digits_dir, special) == files_before
-        assert not (workspace / "jobs").exists(), "a local job folder was created"
         return line
 
     return run

@@ -82,7 +82,8 @@ def test_every_test_the_readme_names_exists_with_its_mark(
     references = TEST_REFERENCE.findall(section)
     assert len(references) >= 10
     by_mark = {mark: {_function(i) for i in ids} for mark, ids in collected.items()}
-    fault_table = section[section.index("| fault injected |") : section.index("**Rules")]
+    table_start = section.index("| fault injected |")
+    fault_table = section[table_start : section.index("\n\n", table_start)]
     for path, name in references:
         source = (REPO / path).read_text()
         assert re.search(rf"^def {name}\b", source, re.MULTILINE), f"{path}::{name}"

@@ -155,3 +155,21 @@ def k8s() -> Iterator[Cluster]:
             yield Cluster(emulator, api_client)
         finally:
             api_client.close()
+
+
+@pytest.fixture(scope="module")
+def s3(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A moto S3 server for the test module, with the module's ``BUCKET`` created."""
+    from kubetrain.testing.s3_server import s3_server
+
+    with s3_server() as server:
+        server.create_bucket(request.module.BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The server, its endpoint and keys in the environment as an S3 client reads them."""
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    return s3

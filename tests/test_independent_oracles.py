@@ -16,7 +16,6 @@ import math
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +30,13 @@ from kubetrain.errors import IntegrityError
 from kubetrain.integrity import chunks_of, sha256_file, sha256_of_chunks
 from kubetrain.models import build_model
 from kubetrain.streaming_copy import copy_verified
-from kubetrain.testing.s3_server import S3Server, s3_server
+from kubetrain.testing.s3_server import S3Server
 from tests.reliability.test_bad_input import assert_one_line_error
 
 BUCKET = "kubetrain-oracles"
 #: Over every chunk size the product reads with (1, 4 and 8 MiB), and not a multiple of any.
 DATA_BYTES = 9 * 1024 * 1024 + 123
 SHARD = "dcp/__1_0.distcp"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with s3_server() as server:
-        server.create_bucket(BUCKET)
-        yield server
-
-
-@pytest.fixture
-def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    for key, value in s3.env().items():
-        monkeypatch.setenv(key, value)
-    return s3
 
 
 def s3_client(s3: S3Server) -> Any:

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,24 +23,10 @@ from kubetrain.checkpoint import (
 )
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.model_artifact import load_model_weights, read_model_card
-from kubetrain.testing.s3_server import S3Server, s3_server
+from kubetrain.testing.s3_server import S3Server
 from tests.test_train import torchrun, train_args
 
 BUCKET = "kubetrain-test"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with s3_server() as server:
-        server.create_bucket(BUCKET)
-        yield server
-
-
-@pytest.fixture
-def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    for key, value in s3.env().items():
-        monkeypatch.setenv(key, value)
-    return s3
 
 
 def subprocess_env(s3: S3Server) -> dict[str, str]:

@@ -31,7 +31,7 @@ from kubetrain.cli import main
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.testing.processes import process_alive, supervisor_pid, wait_for_descendants
 from tests.reliability.test_bad_input import assert_one_line_error, tree
-from tests.reliability.test_faults import newest_checkpoint_loads
+from tests.reliability.test_faults import newest_checkpoint_loads, wait_until
 
 #: Marks every process a test starts (they all inherit it), to find any left behind.
 TEST_MARK = "KUBETRAIN_TEST_MARK"
@@ -70,14 +70,6 @@ def kubetrain(*args: str, cwd: Path | None = None, timeout: float = 120) -> subp
 def finished(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
     stdout, stderr = proc.communicate(timeout=timeout)
     return proc.returncode, stdout, stderr
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.05)
 
 
 def launch_training(digits_dir: Path, tmp_path: Path, epochs: int = 500) -> str:
@@ -131,6 +123,16 @@ def stubborn_job(local_root: Path, tmp_path: Path, name: str) -> list[int]:
     wait_until(lambda: len(list(tmp_path.glob("worker-*"))) == 4, 60, "four workers")
     supervisor = supervisor_pid(local_root / name)
     return [supervisor, *wait_for_descendants(supervisor, 6, timeout=30)]
+
+
+def deleted_leaving_nothing(local_root: Path, name: str, everything: list[int], mark: str) -> None:
+    """`kubetrain delete NAME` succeeds, and when it returns no process of the job or of the
+    test runs and the job's folder is gone."""
+    code, _, stderr = finished(kubetrain("delete", name), timeout=60)
+    assert code == 0, stderr
+    assert [pid for pid in everything if process_alive(pid)] == []
+    assert left_running(mark) == []
+    assert not (local_root / name).exists()
 
 
 def stubborn_workers(everything: list[int]) -> list[int]:
@@ -198,12 +200,7 @@ def test_delete_stops_workers_that_ignore_sigterm_in_sessions_of_their_own(
     assert len(stubborn_workers(everything)) == 4
     injected.struck("four workers ignore SIGTERM, each in a session of its own")
 
-    code, _, stderr = finished(kubetrain("delete", "stubborn"), timeout=60)
-
-    assert code == 0, stderr
-    assert [pid for pid in everything if process_alive(pid)] == []
-    assert left_running(mark) == []
-    assert not (local_root / "stubborn").exists()
+    deleted_leaving_nothing(local_root, "stubborn", everything, mark)
 
 
 @pytest.mark.fault
@@ -264,12 +261,7 @@ def test_a_job_with_corrupt_records_can_still_be_deleted(
         json.loads((local_root / "corrupt" / "status.json").read_text())
     injected.struck("the running job's status.json and job.json are corrupt")
 
-    code, _, stderr = finished(kubetrain("delete", "corrupt"), timeout=60)
-
-    assert code == 0, stderr
-    assert [pid for pid in everything if process_alive(pid)] == []
-    assert left_running(mark) == []
-    assert not (local_root / "corrupt").exists()
+    deleted_leaving_nothing(local_root, "corrupt", everything, mark)
 
 
 @pytest.mark.fault

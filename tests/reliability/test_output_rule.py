@@ -350,22 +350,6 @@ def test_the_rule_knows_each_kind_by_the_marker_its_step_writes(origin: dict[str
 BUCKET = "kubetrain-output-rule"
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    from kubetrain.testing.s3_server import s3_server
-
-    with s3_server() as server:
-        server.create_bucket(BUCKET)
-        yield server
-
-
-@pytest.fixture
-def s3_env(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for key, value in s3.env().items():
-        monkeypatch.setenv(key, value)
-    return s3
-
-
 def bucket_snapshot() -> dict[str, str]:
     import fsspec
 

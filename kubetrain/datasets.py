@@ -30,10 +30,9 @@ from kubetrain.format_manifest import (
     TEXT,
     WHOLE,
     Rule,
-    check_entry,
     check_fields,
+    check_file_records,
     read_format_manifest,
-    shown,
 )
 from kubetrain.integrity import sha256_file
 
@@ -126,15 +125,9 @@ def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
             f"{what}: {MANIFEST} names {len(manifest['classes'])} classes but says num_classes "
             f"{manifest['num_classes']}; {REWRITE}"
         )
-    for split, entry in manifest["splits"].items():
-        if not isinstance(entry, dict):
-            raise IntegrityError(
-                f"{what}: {MANIFEST} split {shown(split)} is {shown(entry)}, not an object; "
-                f"{REWRITE}"
-            )
-        if "file" in entry:  # the rule's own words for a name it refuses, e.g. a non-string
-            check_entry(data_dir, entry["file"], what, f"{MANIFEST} split {split} names")
-        check_fields(entry, _SPLIT_FIELDS, what, MANIFEST, within=f"splits.{split}.")
+    check_file_records(
+        data_dir, manifest["splits"], _SPLIT_FIELDS, what, MANIFEST, "split", "splits"
+    )
     return manifest
 
 

@@ -36,14 +36,12 @@ from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.format_manifest import (
     OBJECT,
-    REWRITE,
     SHA256,
     SHAPE,
     TEXT,
-    check_entry,
     check_fields,
+    check_file_records,
     read_format_manifest,
-    shown,
 )
 from kubetrain.model_artifact import load_model
 
@@ -165,15 +163,9 @@ def _read_export_card(folder: storage.Location) -> dict[str, Any]:
         name=EXPORT_CARD,
     )
     check_fields(card, {"exports": OBJECT}, what, EXPORT_CARD)
-    for kind, entry in card["exports"].items():
-        if not isinstance(entry, dict):
-            raise IntegrityError(
-                f"{what}: {EXPORT_CARD} export {shown(kind)} is {shown(entry)}, not an object; "
-                f"{REWRITE}"
-            )
-        if "file" in entry:  # the rule's own words for a name it refuses, e.g. a non-string
-            check_entry(folder, entry["file"], what, f"{EXPORT_CARD} export {kind} names")
-        check_fields(entry, _EXPORT_FIELDS, what, EXPORT_CARD, within=f"exports.{kind}.")
+    check_file_records(
+        folder, card["exports"], _EXPORT_FIELDS, what, EXPORT_CARD, "export", "exports"
+    )
     return card
 
 

@@ -208,6 +208,29 @@ def check_fields(
             )
 
 
+def check_file_records(
+    folder: storage.Location,
+    records: Mapping[str, Any],
+    rules: Mapping[str, Rule],
+    what: str,
+    listed_in: str,
+    kind: str,
+    field: str,
+) -> None:
+    """Each of ``records`` (a ``field``'s mapping of ``kind`` → object, e.g. a dataset's
+    splits) is an object whose ``file`` keeps the manifest rule and whose fields keep
+    ``rules``; anything else is one IntegrityError."""
+    for key, record in records.items():
+        if not isinstance(record, dict):
+            raise IntegrityError(
+                f"{what}: {listed_in} {kind} {shown(key)} is {shown(record)}, not an object; "
+                f"{REWRITE}"
+            )
+        if "file" in record:  # the rule's own words for a name it refuses, e.g. a non-string
+            check_entry(folder, record["file"], what, f"{listed_in} {kind} {key} names")
+        check_fields(record, rules, what, listed_in, within=f"{field}.{key}.")
+
+
 # --- reading ---------------------------------------------------------------------------------
 
 

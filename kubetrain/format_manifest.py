@@ -35,6 +35,9 @@ from kubetrain.training_choices import BUILTIN_MODELS
 MANIFEST = "manifest.json"
 #: What to do about a record that breaks the rule or its format: it cannot be repaired in place.
 REWRITE = "re-create the folder with kubetrain rather than use it"
+#: The largest record (manifest, card) read: far above what a checkpoint of thousands of
+#: shards lists, far below what would exhaust memory.
+MAX_RECORD_BYTES = 64 << 20
 _RULE = "a record names regular files inside its folder by relative paths without '..'"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Longest rendering of a value from a record in a message (a planted name may be megabytes).
@@ -251,15 +254,25 @@ def read_format_manifest(
     """
     check_entry(folder, name, what, "kubetrain reads")
     try:
-        text = storage.read_text(storage.join(folder, name))
+        with storage.open_file(storage.join(folder, name)) as record:
+            data = record.read(MAX_RECORD_BYTES + 1)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise IntegrityError(f"{what}: no {name}{if_missing}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise IntegrityError(f"{what}: {name} is unreadable ({exc})") from exc
+    if len(data) > MAX_RECORD_BYTES:
+        raise IntegrityError(
+            f"{what}: {name} is over {MAX_RECORD_BYTES >> 20} MiB, more than any record "
+            f"kubetrain writes; {REWRITE}"
+        )
     try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise IntegrityError(f"{what}: {name} is not valid JSON ({exc})") from exc
+    except RecursionError:  # nested deeper than the parser's stack: no record of ours is
+        raise IntegrityError(
+            f"{what}: {name} is nested too deep to be a record; {REWRITE}"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != expected_format:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise IntegrityError(

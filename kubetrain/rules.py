@@ -46,8 +46,10 @@ ENV_VAR_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 CONFIG_MAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 # quantity.go: <sign>?<digits>[.<digits>] then an exponent, a binary or a decimal SI suffix.
 QUANTITY = re.compile(
-    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?"
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?"
 )
+#: No quantity a pod asks for is longer; a longer text is refused before any parsing.
+QUANTITY_MAX = 64
 
 # distribution/reference: [host[:port]/]path[:tag][@digest], lowercase path components.
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -168,7 +170,7 @@ def quantity(value: str, field: str, fix: str = "") -> str:
 
     fix = fix or "write it like '2', '500m', '.5' or '4Gi'"
     problem = f"{shown(value)} is not a Kubernetes quantity"
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > QUANTITY_MAX:
         raise InvalidInput(field, problem, fix)
     try:
         amount = parse_quantity(value)

@@ -80,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="fail the wait step after this many seconds; default 0 = none",
     )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=1800,
+        help="stop the training job when it logs nothing for this many seconds while running "
+        "(a hung rank); default 1800, 0 = never",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -93,6 +100,7 @@ CHECKED = (
     ("batch_size", "batch_size", "--batch-size"),
     ("seed", "seed", "--seed"),
     ("wait_timeout_seconds", "timeout", "--timeout"),
+    ("stall_timeout_seconds", "stall_timeout", "--stall-timeout"),
 )
 
 
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 accuracy_threshold=float(args.threshold),
                 wait_timeout_seconds=float(args.timeout),
+                stall_timeout_seconds=float(args.stall_timeout),
                 storage=args.storage,
             ).outputs
         except RuntimeError as exc:
@@ -184,6 +193,8 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
     received: list[int] = []
 
     def interrupt(signum: int, _frame: Any) -> None:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         received.append(signum)
         raise KeyboardInterrupt
 
@@ -192,8 +203,6 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         signum = received[0] if received else signal.SIGINT
-        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
         stopped = stop_marked_processes(RUN_ID_ENV, run_id, STOP_GRACE_SECONDS)
         raise KubetrainError(
             f"stopped by {signal.Signals(signum).name}: stopped the running step and its "

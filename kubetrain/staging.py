@@ -10,7 +10,6 @@ else lies in the folder (a link to /dev/zero, a FIFO) is never opened.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from kubetrain import atomic, storage
 from kubetrain.datasets import read_manifest
@@ -28,7 +27,7 @@ def stage_dataset(source_dir: str, target_dir: str, field: str = "data_dir") -> 
     if (target / "manifest.json").is_file():
         if read_manifest(target) == source_manifest:
             return str(target)
-    source = Path(storage.dereference(source_dir))
+    source = storage.local_path(storage.dereference(source_dir), "data")
     listed = [MANIFEST, *(entry["file"] for entry in source_manifest["splits"].values())]
     staged = atomic.staging_dir(target)
     try:

@@ -43,6 +43,7 @@ def training_pipeline(
     checkpoint_dir: str = "",
     accuracy_threshold: float = 0.95,
     wait_timeout_seconds: float = 0,
+    stall_timeout_seconds: float = 1800,
     namespace: str = "default",
     shared_pvc: str = "kubetrain-shared",
     service_account: str = "",
@@ -97,6 +98,7 @@ def training_pipeline(
         backend=backend,
         timeout_seconds=wait_timeout_seconds,
         namespace=namespace,
+        stall_timeout_seconds=stall_timeout_seconds,
     )
     wait.set_caching_options(False)
     # The model spec is the user's explicit choice: collect's export and evaluate may build

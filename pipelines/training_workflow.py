@@ -86,6 +86,10 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "gpu": ("0", "GPUs per node"),
     "accuracy_threshold": ("0.95", "accuracy the model must reach to be promoted"),
     "wait_timeout_seconds": ("0", "fail the wait step after this many seconds; 0 = never"),
+    "stall_timeout_seconds": (
+        "1800",
+        "stop a running job that logs nothing for this many seconds (exit 3); 0 = never",
+    ),
     "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
     "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
@@ -217,6 +221,7 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
                 "backend": p("backend"),
                 "namespace": namespace,
                 "timeout_seconds": p("wait_timeout_seconds"),
+                "stall_timeout_seconds": p("stall_timeout_seconds"),
                 "on_cancel": p("on_cancel"),
             },
         )

@@ -189,3 +189,24 @@ def test_a_link_to_a_file_inside_the_folder_is_allowed(tmp_path) -> None:
     (tmp_path / "sub" / "alias.bin").symlink_to(tmp_path / "real.bin")
     assert check_entry(tmp_path, "sub/alias.bin", "folder", "it lists") == "sub/alias.bin"
     assert check_entry(tmp_path, "missing.bin", "folder", "it lists") == "missing.bin"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [("[" * 200_000, "nested too deep"), (None, "over 64 MiB")],
+    ids=["nested-200k-deep", "65-MiB"],
+)
+def test_a_record_too_deep_or_too_big_is_one_integrity_error(content, problem, tmp_path) -> None:
+    """Python's JSON parser recurses (RecursionError, not a JSONDecodeError) and reads all it
+    is given: both are refused as records no kubetrain step writes."""
+    from kubetrain.format_manifest import MAX_RECORD_BYTES, read_format_manifest
+
+    record = tmp_path / "manifest.json"
+    if content is None:
+        with open(record, "wb") as sparse:
+            sparse.truncate(MAX_RECORD_BYTES + (1 << 20))
+    else:
+        record.write_text(content)
+    with pytest.raises(IntegrityError, match=problem):
+        read_format_manifest(tmp_path, "x", what="folder", if_missing="", if_foreign="")

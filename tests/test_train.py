@@ -386,3 +386,23 @@ def test_custom_dataset_is_checked(digits_dir: Path) -> None:
     assert data.sample_shape == [1, 8, 8] and data.num_classes == 10
     with pytest.raises(InvalidInput, match="--dataset"):
         load_data("test_train:mismatched_dataset", digits_dir)
+
+
+def test_a_long_epoch_logs_a_line_a_minute_for_the_stall_check(monkeypatch, capsys) -> None:
+    """In a log (no terminal) rank 0 writes a line per epoch, and within a long epoch one a
+    minute, so `wait --stall-timeout` never takes a slow epoch for a hung rank."""
+    from kubetrain.train import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    reporter = progress.PlainReporter()
+    reporter.start_epoch(3, 10, 1000)
+    for _ in range(400):  # 400 batches, 0.5 s each: 200 s
+        clock[0] += 0.5
+        reporter.advance()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "epoch 3/10 in progress: batch 120/1000",
+        "epoch 3/10 in progress: batch 240/1000",
+        "epoch 3/10 in progress: batch 360/1000",
+    ]

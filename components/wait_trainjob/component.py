@@ -14,7 +14,7 @@ def wait_trainjob(
     timeout_seconds: float = 0,
     namespace: str = "default",
     on_cancel: str = "delete",
-    stall_timeout_seconds: float = 900,
+    stall_timeout_seconds: float = 1800,
 ) -> NamedTuple("WaitOutputs", [("state", str), ("duration_seconds", float)]):  # noqa: UP014
     """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
     exit code and last log lines if the job fails, or with exit 3 (after stopping the job) if

@@ -47,7 +47,7 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
             input_parameter(
                 "stall_timeout_seconds",
                 "stop a job that logs nothing this long while running (exit 3); 0 = never",
-                "900",
+                "1800",
             ),
         ],
         [

@@ -15,10 +15,11 @@ from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.torchrun_report import root_cause
 
 FAILURE_LOG_LINES = 20
-#: A running job silent this long is stalled (0 turns the check off): generous, so a slow
-#: epoch is not mistaken for a hang, yet well inside torch's 30-minute collective timeout,
-#: which is all a stopped rank otherwise meets.
-DEFAULT_STALL_TIMEOUT_SECONDS = 900.0
+#: A running job silent this long is stalled (0 turns the check off). Generous: a slow epoch
+#: or data load must not be taken for a hang (our trainer logs a line a minute within an
+#: epoch); a stopped rank otherwise meets only torch's collective timeout (30 minutes for gloo),
+#: and hangs outside a collective meet none.
+DEFAULT_STALL_TIMEOUT_SECONDS = 1800.0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ pipeline step does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -27,8 +29,9 @@ from kubetrain.backends.cancel import signals_cancel
 from kubetrain.backends.local_files import local_root, node_log, read_status, write_status
 from kubetrain.backends.local_processes import (
     JOB_ID_ENV,
-    identity_alive,
-    process_identity,
+    marked_process,
+    marked_processes,
+    still_running,
     stop_job_processes,
 )
 from kubetrain.backends.local_supervisor import program_path
@@ -65,7 +68,7 @@ class LocalBackend:
     def job_dir(self, name: str) -> Path:
         """The job's folder: a job name (a DNS label, so no '/' nor '..') joined to the root,
         and checked to stay under it, so no name reaches a folder outside the root."""
-        dns1035_label(name, "name", "give the name `kubetrain launch` printed")
+        dns1035_label(name, "name")
         job_dir = self.root / name
         if job_dir.resolve().parent != self.root.resolve():
             raise InvalidInput(
@@ -118,29 +121,29 @@ class LocalBackend:
         write_status(job_dir, JobStatus(name=spec.name, state=CREATED, created_at=time.time()))
         with open(job_dir / "supervisor.log", "ab") as supervisor_log:
             supervisor = subprocess.Popen(
-                [sys.executable, "-m", "kubetrain.backends.local_supervisor", str(job_dir)],
+                [sys.executable, "-m", SUPERVISOR_MODULE, str(job_dir)],
                 stdin=subprocess.DEVNULL,
                 stdout=supervisor_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, JOB_ID_ENV: job_id},
             )
-        atomic.write_json(job_dir / SUPERVISOR_FILE, process_identity(supervisor.pid))
+        atomic.write_json(job_dir / SUPERVISOR_FILE, {"pid": supervisor.pid, "job_id": job_id})
         return spec.name
 
     def status(self, name: str) -> JobStatus:
-        """The job's state. A job whose supervisor died is Failed (SupervisorLost), and the
-        processes it left are stopped: nothing else would ever stop them."""
+        """The job's state. A job whose supervisor died is Failed (SupervisorLost, recorded),
+        and the processes it left are stopped: nothing else would ever stop them."""
         job_dir = self.existing_job_dir(name)
         status = read_status(job_dir)
-        if not status.finished and not _supervisor_alive(job_dir):
-            # Re-read: the supervisor may have finished between the two reads.
-            status = read_status(job_dir)
-            if not status.finished:
-                if job_id := _job_id(job_dir):
-                    stop_job_processes(job_id, CANCEL_GRACE_SECONDS)
-                status.state, status.reason = FAILED, "SupervisorLost"
-                status.message = "the local supervisor process died; see supervisor.log"
+        if status.finished or _supervisor(job_dir) is not None or _starting(job_dir, status):
+            return status
+        status = read_status(job_dir)  # the supervisor may have finished since the first read
+        if not status.finished:
+            if job_id := _job_id(job_dir):
+                stop_job_processes(job_id, CANCEL_GRACE_SECONDS)
+            _record_end(job_dir, status, "SupervisorLost", "the local supervisor process died; "
+                        "see supervisor.log")  # fmt: skip
         return status
 
     def wait(
@@ -221,48 +224,78 @@ class LocalBackend:
         """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes and
         records the job as Failed), then SIGTERM and, after ``grace_seconds``, SIGKILL to every
         process still carrying the job's identity (``local_processes``). Works on a job whose
-        records are unreadable; only the job's own processes are ever signalled."""
+        records are unreadable; only the job's own processes are ever signalled. A job the
+        supervisor could not record in time is recorded Failed (Stopped) here."""
         job_dir = self.job_dir(name)
         deadline = time.monotonic() + grace_seconds
-        identity = _supervisor_identity(job_dir)
-        if identity_alive(identity):
-            try:
-                os.kill(int(identity["pid"]), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            while identity_alive(identity) and time.monotonic() < deadline:
-                time.sleep(POLL_SECONDS)
+        if supervisor := _supervisor(job_dir):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                supervisor.terminate()
+            still_running([supervisor], deadline - time.monotonic())
         if job_id := _job_id(job_dir):
             stop_job_processes(job_id, max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(KubetrainError, OSError, ValueError, TypeError):
+            status = read_status(job_dir)
+            if not status.finished:
+                _record_end(job_dir, status, "Stopped", "stopped by kubetrain")
 
 
 SUPERVISOR_FILE = "supervisor.json"
+SUPERVISOR_MODULE = "kubetrain.backends.local_supervisor"
+#: How long a just-launched job may lack its supervisor record before it counts as lost.
+START_SECONDS = 30.0
 
 
-def _supervisor_identity(job_dir: Path) -> dict | None:
+def _supervisor_record(job_dir: Path) -> dict[str, Any]:
+    """``supervisor.json`` ({"pid", "job_id"}); an unreadable or foreign one is empty."""
     try:
-        return json.loads((job_dir / SUPERVISOR_FILE).read_text())
-    except (OSError, ValueError):
+        record = json.loads((job_dir / SUPERVISOR_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _supervisor(job_dir: Path) -> psutil.Process | None:
+    """The job's supervisor while it runs, known by its PID and the job's id in its
+    environment; when its record holds no PID, found among the job's processes."""
+    if not (job_id := _job_id(job_dir)):
         return None
+    pid = _supervisor_record(job_dir).get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        return marked_process(pid, JOB_ID_ENV, job_id)
+    for proc in marked_processes(JOB_ID_ENV, job_id):
+        with contextlib.suppress(psutil.Error):
+            if SUPERVISOR_MODULE in proc.cmdline():
+                return proc
+    return None
 
 
-def _supervisor_alive(job_dir: Path) -> bool:
-    return identity_alive(_supervisor_identity(job_dir))
+def _starting(job_dir: Path, status: JobStatus) -> bool:
+    """Launched a moment ago: the supervisor record is written just after the job's status."""
+    return (
+        status.state == CREATED
+        and not (job_dir / SUPERVISOR_FILE).exists()
+        and time.time() - status.created_at < START_SECONDS
+    )
 
 
 def _job_id(job_dir: Path) -> str:
-    """The job's identity from ``job.json``; when that is unreadable, the supervisor's own
-    environment still names it (so a job with corrupt records can be stopped and deleted)."""
+    """The job's identity, from ``job.json`` or, when that is unreadable, ``supervisor.json``
+    (so a job with a corrupt record can still be stopped and deleted); "" when neither says."""
     try:
-        return str(json.loads((job_dir / "job.json").read_text())["id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        identity = _supervisor_identity(job_dir)
-        if identity_alive(identity):
-            try:
-                return psutil.Process(int(identity["pid"])).environ()[JOB_ID_ENV]
-            except (psutil.Error, KeyError):
-                pass
-        return ""
+        job_id = json.loads((job_dir / "job.json").read_text())["id"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        job_id = _supervisor_record(job_dir).get("job_id")
+    return job_id if isinstance(job_id, str) else ""
+
+
+def _record_end(job_dir: Path, status: JobStatus, reason: str, message: str) -> None:
+    """Record a job that ended without its supervisor saying so (best effort: a read-only
+    job folder is still reported, just not rewritten)."""
+    status.state, status.reason, status.message = FAILED, reason, message
+    status.finished_at = status.finished_at or time.time()
+    with contextlib.suppress(OSError):
+        write_status(job_dir, status)
 
 
 class LogProgress:

@@ -7,8 +7,8 @@ workers in sessions of their own (``torch.distributed.elastic.multiprocessing``'
 group does not reach them: the environment marker does, wherever a process moved.
 
 A process is taken for the job's only if its environment carries the job's id, and psutil
-signals a ``Process`` only while its PID still has the create time it was found with, so a
-reused PID is never signalled.
+signals a ``Process`` only while its PID still names the process it found, so a reused PID is
+never signalled.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def stop_marked_processes(marker: str, value: str, grace_seconds: float) -> list
         stopped.extend(proc.pid for proc in processes)
         for proc in processes:
             _send(proc, psutil.Process.terminate)
-        running = _still_running(processes, deadline - time.monotonic())
+        running = still_running(processes, deadline - time.monotonic())
         for proc in running:
             _send(proc, psutil.Process.kill)
-        _still_running(running, KILL_WAIT_SECONDS)
+        still_running(running, KILL_WAIT_SECONDS)
     return stopped
 
 
@@ -83,7 +83,7 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+def still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Those of ``processes`` still running once all have ended or ``timeout`` passed
     (polled, not ``psutil.wait_procs``, which would reap the caller's own children)."""
     deadline = time.monotonic() + timeout
@@ -92,19 +92,18 @@ def _still_running(processes: list[psutil.Process], timeout: float) -> list[psut
     return running
 
 
-def process_identity(pid: int) -> dict[str, float | int]:
-    """What names one process for good: its PID and its create time."""
-    return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+def marked_process(pid: object, marker: str, value: str) -> psutil.Process | None:
+    """The process ``pid`` if it runs with ``marker=value`` in its environment, else None (gone,
+    a zombie, someone else's, or a PID the kernel has since given to another process).
 
-
-def identity_alive(identity: dict[str, float | int] | None) -> bool:
-    """Whether the process ``identity`` names still runs (a zombie or a reused PID does not)."""
-    if not identity:
-        return False
+    The environment, not the create time, proves a PID is still ours: psutil derives create
+    times from the boot time, which moves when the clock is stepped (NTP, a resumed VM)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
     try:
-        proc = psutil.Process(int(identity["pid"]))
-        return (
-            proc.create_time() == identity["create_time"] and proc.status() != psutil.STATUS_ZOMBIE
-        )
-    except _GONE:
-        return False
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(marker) == value:
+            return proc
+    except (*_GONE, psutil.AccessDenied):
+        pass
+    return None

@@ -100,13 +100,14 @@ def _fault_tests_must_strike(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     record = request.getfixturevalue("injected")
     yield
-    if not record.struck_by and not _failed(request.node):
+    if not record.struck_by and _passed(request.node):
         pytest.fail("a fault test must confirm its fault struck: call injected.struck(...)")
 
 
-def _failed(item: pytest.Item) -> bool:
+def _passed(item: pytest.Item) -> bool:
+    """Whether the test body ran to its end (not failed, not skipped where it stood)."""
     report = getattr(item, "call_report", None)
-    return report is not None and report.failed
+    return report is not None and report.passed
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -116,13 +117,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.call_report = outcome.get_result()  # type: ignore[attr-defined]
 
 
+#: Each test's outcome so far (setup, call, teardown), counted once its teardown is reported.
+_OUTCOMES: dict[str, str] = {}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    counted = report.when == "call" or (report.when != "call" and report.outcome == "failed")
-    if not counted:
+    """Count each test once: failed if any phase failed, else skipped if a phase skipped."""
+    outcome = _OUTCOMES.get(report.nodeid, "passed")
+    if report.outcome == "failed" or (report.outcome == "skipped" and outcome == "passed"):
+        outcome = report.outcome
+    if report.when != "teardown":
+        _OUTCOMES[report.nodeid] = outcome
         return
+    _OUTCOMES.pop(report.nodeid, None)
     for mark, name in MARKS.items():
         if mark in report.keywords:
-            FIGURES.outcomes[name][report.outcome] += 1
+            FIGURES.outcomes[name][outcome] += 1
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -7,6 +7,7 @@ only used when stdout is a TTY. Other ranks say nothing.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Protocol
 
 
@@ -34,16 +35,30 @@ class SilentReporter:
 
 
 class PlainReporter:
-    """One flushed line per event, for logs."""
+    """One flushed line per event, for logs, and within a long epoch a line every
+    ``HEARTBEAT_SECONDS``: `wait`'s stall check takes a silent log for a hung rank."""
+
+    #: Far below `wait`'s default stall timeout (1800 s), far above a line per step.
+    HEARTBEAT_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._epoch = self._epochs = self._batches = self._done = 0
+        self._last_line = time.monotonic()
 
     def start_epoch(self, epoch: int, epochs: int, batches: int) -> None:
-        pass
+        self._epoch, self._epochs, self._batches, self._done = epoch, epochs, batches, 0
 
     def advance(self) -> None:
-        pass
+        self._done += 1
+        if time.monotonic() - self._last_line >= self.HEARTBEAT_SECONDS:
+            self.line(
+                f"epoch {self._epoch}/{self._epochs} in progress: batch {self._done}/"
+                f"{self._batches}"
+            )
 
     def line(self, text: str) -> None:
         print(text, flush=True)
+        self._last_line = time.monotonic()
 
     def close(self) -> None:
         pass

@@ -351,3 +351,64 @@ def test_an_interrupted_kubetrain_run_stops_its_job_and_says_so(
     ), last_line
     assert left_running(mark) == []
     injected.data_intact("newest checkpoint", lambda: newest_checkpoint_loads(checkpoints))
+
+
+# ------------------------------------------------------------------ the supervisor's record
+@pytest.mark.fault
+def test_a_clock_step_does_not_make_a_running_supervisor_look_lost(
+    local_root: Path, monkeypatch: pytest.MonkeyPatch, injected
+) -> None:
+    """psutil derives create times from the boot time, which moves when the clock is stepped
+    (NTP, a resumed VM): the supervisor is known by the job's id in its environment."""
+    backend = LocalBackend()
+    backend.launch(TrainJobSpec(name="steady", command=("sleep", "60")))
+    wait_until(lambda: backend.status("steady").state == "Running", 30, "running")
+    supervisor = supervisor_pid(local_root / "steady")
+    before = psutil.Process(supervisor).create_time()
+    stepped = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: stepped(self) + 3600)
+    assert psutil.Process(supervisor).create_time() != before
+    injected.struck("every create time moved by an hour")
+
+    assert backend.status("steady").state == "Running"
+    assert process_alive(supervisor)
+    monkeypatch.undo()
+    backend.delete("steady")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    "record", ["1", '"x"', '{"pid": "x"}', '{"pid": 1}', '{"pid": -5}', "{", "[" * 100000]
+)
+def test_a_corrupt_supervisor_record_still_lets_the_job_be_stopped(
+    record: str, local_root: Path, mark: str, injected
+) -> None:
+    """A record with no usable PID: the supervisor is found among the job's processes (the
+    job goes on); one naming another process (PID 1): the job is lost and its processes
+    stopped. Either way delete leaves nothing."""
+    backend = LocalBackend()
+    backend.launch(TrainJobSpec(name="scribbled", command=("sleep", "60")))
+    wait_until(lambda: backend.status("scribbled").state == "Running", 30, "running")
+    (local_root / "scribbled" / "supervisor.json").write_text(record)
+    injected.struck(f"supervisor.json holds {record[:20]!r}")
+
+    status = backend.status("scribbled")
+    assert status.state == ("Failed" if record == '{"pid": 1}' else "Running"), status
+    code, _, stderr = finished(kubetrain("delete", "scribbled"), timeout=60)
+    assert code == 0, stderr
+    assert left_running(mark) == []
+    assert not (local_root / "scribbled").exists()
+
+
+def test_a_job_launched_a_moment_ago_is_starting_not_lost(local_root: Path) -> None:
+    """launch writes the job's status just before its supervisor's record: a status read in
+    between is Created; a job left that way (launch died) is lost after a while."""
+    job = local_root / "fresh"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"spec": {}, "cwd": "/", "id": uuid.uuid4().hex}))
+    for age, state in ((0, "Created"), (3600, "Failed")):
+        created = time.time() - age
+        (job / "status.json").write_text(
+            json.dumps({"name": "fresh", "state": "Created", "created_at": created})
+        )
+        assert LocalBackend().status("fresh").state == state

@@ -266,8 +266,12 @@ def read_format_manifest(
             f"kubetrain writes; {REWRITE}"
         )
     try:
-        manifest = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"{what}: {name} is unreadable ({exc})") from exc
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise IntegrityError(f"{what}: {name} is not valid JSON ({exc})") from exc
     except RecursionError:  # nested deeper than the parser's stack: no record of ours is
         raise IntegrityError(

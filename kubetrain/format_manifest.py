@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.training_choices import BUILTIN_MODELS
+from kubetrain.user_files import file_kind
 
 MANIFEST = "manifest.json"
 #: What to do about a record that breaks the rule or its format: it cannot be repaired in place.
@@ -76,17 +77,6 @@ def name_problem(entry: object) -> str | None:
     return None
 
 
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((kind for test, kind in kinds if test(mode)), "a special file")
-
-
 def _local_problem(folder: Path, entry: str) -> str | None:
     """Why ``folder/entry`` is not a regular file inside ``folder`` once links are followed.
     A missing file is no problem here: the reader reports it in its own words."""
@@ -100,7 +90,7 @@ def _local_problem(folder: Path, entry: str) -> str | None:
         return None
     except OSError as exc:
         return f"cannot be examined ({exc.strerror})"
-    return None if stat.S_ISREG(mode) else f"is {_file_kind(mode)}, not a regular file"
+    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
 
 
 def check_entry(folder: storage.Location, entry: object, what: str, source: str) -> str:

@@ -129,9 +129,7 @@ VALUE_RULES: dict[str, Rule] = {
     "test_fraction": _within(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),
     "accuracy_threshold": _within(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
     "wait_timeout_seconds": _within(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
-    "stall_timeout_seconds": _within(
-        lambda v: 0 <= v < float("inf"), "0 (never) or more seconds", "1800"
-    ),
+    "stall_timeout_seconds": _within(lambda v: v >= 0, "0 (never) or more seconds", "1800"),
     "on_cancel": _one_of("delete", "suspend"),
     "export": _one_of("none", "torch-export", "torchscript"),
 }

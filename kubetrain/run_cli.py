@@ -186,6 +186,7 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
 
     SIGTERM is turned into the KeyboardInterrupt SIGINT raises: on exactly that exception the
     `with subprocess.Popen` KFP's local runner uses returns without waiting for the step."""
+    from kubetrain.backends.cancel import CANCEL_SIGNALS
     from kubetrain.backends.local_processes import stop_marked_processes
 
     run_id = uuid.uuid4().hex
@@ -198,7 +199,7 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
         received.append(signum)
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, interrupt) for sig in CANCEL_SIGNALS}
     try:
         yield
     except KeyboardInterrupt:

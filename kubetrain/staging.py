@@ -24,7 +24,7 @@ def stage_dataset(source_dir: str, target_dir: str, field: str = "data_dir") -> 
     check_output(target_dir, field, DATASET, {"data": source_dir})
     source_manifest = read_manifest(source_dir)
     target = storage.local_path(target_dir, field)  # a file:// URL names a local folder
-    if (target / "manifest.json").is_file():
+    if (target / MANIFEST).is_file():
         if read_manifest(target) == source_manifest:
             return str(target)
     source = storage.local_path(storage.dereference(source_dir), "data")

@@ -13,14 +13,15 @@ MIB = 1024 * 1024
 #: What a file that is not a regular one is, for the error line.
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``os.stat`` mode ``mode`` that is not a regular file is, in words."""
     return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
@@ -63,7 +64,7 @@ def _checked_size(
     path: str | os.PathLike[str], status: os.stat_result, field: str, limit: int, fix: str
 ) -> int:
     if not stat.S_ISREG(status.st_mode):
-        problem = f"{os.fspath(path)} is {_kind(status.st_mode)}, not a regular file"
+        problem = f"{os.fspath(path)} is {file_kind(status.st_mode)}, not a regular file"
         raise InvalidInput(field, problem, fix)
     if status.st_size > limit:
         problem = f"{os.fspath(path)} is {status.st_size} bytes, more than {limit}"

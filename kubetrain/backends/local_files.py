@@ -5,7 +5,7 @@
     job.json         the spec, the working directory it was launched from and the job's id
                      (in the environment of every process of the job: ``local_processes``)
     status.json      JobStatus, rewritten atomically by the supervisor on every change
-    supervisor.json  the supervisor process (PID and create time) that owns the nodes
+    supervisor.json  the supervisor process that owns the nodes (its PID and the job's id)
     node-<i>.log     stdout+stderr of node i
     checkpoints/     the default checkpoint folder of the job
 """

@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent
 # Counts the reliability tests and prints the figures the README quotes (`figures` fixture).
-pytest_plugins = ("kubetrain.testing.reliability_figures",)
+pytest_plugins = ("tests.support.reliability_figures",)
 
 
 def write_digits(output_dir: Path, seed: int = 0) -> Path:
@@ -25,7 +25,7 @@ def write_digits(output_dir: Path, seed: int = 0) -> Path:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from kubetrain.datasets import write_dataset
+    from kubetrain.artifacts.datasets import write_dataset
 
     digits = load_digits()
     x = digits.images.astype(np.float32).reshape(-1, 1, 8, 8)
@@ -117,7 +117,7 @@ def trained_checkpoints(
 
 
 # ----------------------------------------------------------------------------------------------
-# An emulated Kubernetes API server (kubetrain.testing) for the cluster backends.
+# An emulated Kubernetes API server (tests.support) for the cluster backends.
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Cluster:
         """A KubernetesBackend on this cluster; ``options`` are BackendOptions fields or
         KubernetesBackend keywords (grace periods, retry)."""
         from kubetrain.backends import BackendOptions
-        from kubetrain.backends.kubernetes import KubernetesBackend
+        from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         fields = {"namespace", "trainer_version", "on_cancel"}
         backend_options = BackendOptions(
@@ -146,7 +146,7 @@ class Cluster:
 @pytest.fixture
 def k8s() -> Iterator[Cluster]:
     """A fresh emulated cluster per test (starting one takes milliseconds)."""
-    from kubetrain.testing import KubeEmulator
+    from tests.support import KubeEmulator
 
     with KubeEmulator(namespace="default") as emulator:
         emulator.install_trainer()
@@ -160,7 +160,7 @@ def k8s() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def s3(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A moto S3 server for the test module, with the module's ``BUCKET`` created."""
-    from kubetrain.testing.s3_server import s3_server
+    from tests.support.s3_server import s3_server
 
     with s3_server() as server:
         server.create_bucket(request.module.BUCKET)

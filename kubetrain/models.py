@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kubetrain.artifacts.manifest import check_model_code
 from kubetrain.errors import InvalidInput
-from kubetrain.format_manifest import check_model_code
 from kubetrain.training_choices import MODEL_FIX
 
 HIDDEN = 128
@@ -106,7 +106,7 @@ def rebuild_model(
     """The model that ``what`` (a checkpoint, a collected model) records, built to take its
     weights: by ``model_factory`` when the caller names one (the explicit choice wins), else by
     the record's spec if it is built in; custom code only a record names is refused unimported
-    (:func:`kubetrain.format_manifest.check_model_code`)."""
+    (:func:`kubetrain.artifacts.manifest.check_model_code`)."""
     check_model_code(recorded["spec"], model_factory, what)
     shape, num_classes = recorded["sample_shape"], recorded["num_classes"]
     if model_factory:

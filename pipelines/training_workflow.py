@@ -27,7 +27,7 @@ from hera.workflows.models import (
     VolumeResourceRequirements,
 )
 
-from kubetrain.argo_steps import SHARED_VOLUME, SharedVolume
+from kubetrain.components._shared.argo_steps import SHARED_VOLUME, SharedVolume
 from kubetrain.components.collect_checkpoint.template import collect_checkpoint_template
 from kubetrain.components.dataset_prep.template import dataset_prep_template
 from kubetrain.components.evaluate_model.template import evaluate_model_template

@@ -1,4 +1,4 @@
-"""The local Argo harness (kubetrain.testing.argo_local) on small hand-written workflows, then the
+"""The local Argo harness (tests.support.argo_local) on small hand-written workflows, then the
 compiled training workflow run end to end with it on the local backend."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kubetrain.backends.local_supervisor import program_path
-from kubetrain.testing.argo_local import (
+from kubetrain.backends.local.supervisor import program_path
+from tests.support.argo_local import (
     ArgoWorkflowError,
     UnsupportedArgoFeature,
     WorkflowRun,

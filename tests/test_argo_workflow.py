@@ -15,7 +15,7 @@ from argo_schema import argo_schema_errors
 from hera.workflows import Container, Parameter, Workflow, WorkflowTemplate
 
 from kubetrain.cli import build_parser
-from kubetrain.compile import ARGO_WORKFLOWS
+from kubetrain.cli.compile import ARGO_WORKFLOWS
 from kubetrain.components.collect_checkpoint.template import collect_checkpoint_template
 from kubetrain.components.dataset_prep.template import dataset_prep_template
 from kubetrain.components.evaluate_model.template import evaluate_model_template
@@ -30,7 +30,7 @@ from kubetrain.pipelines.training_workflow import (
     ExistingClaim,
     build_training_workflow,
 )
-from kubetrain.testing.argo_expr import evaluate_bool
+from tests.support.argo_expr import evaluate_bool
 
 REPO = Path(__file__).resolve().parents[1]
 COMPILED = REPO / "pipelines" / "compiled"

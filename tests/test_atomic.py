@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from kubetrain import atomic, storage
+from kubetrain import storage
 from kubetrain.models import build_model
+from kubetrain.storage import atomic
 
 UMASKS = (0o022, 0o077, 0o002)
 
@@ -66,7 +67,7 @@ def _storage_folder(tmp: Path) -> Path:
 
 
 def _checkpoint(tmp: Path) -> Path:
-    from kubetrain.checkpoint import lock_checkpoint_dir, save_checkpoint
+    from kubetrain.artifacts.checkpoint import lock_checkpoint_dir, save_checkpoint
 
     model = build_model("mlp", [1, 8, 8], 10)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -81,7 +82,7 @@ def _checkpoint(tmp: Path) -> Path:
 
 
 def _dataset(tmp: Path) -> Path:
-    from kubetrain.datasets import write_dataset
+    from kubetrain.artifacts.datasets import write_dataset
 
     x, y = np.zeros((4, 1, 2, 2), np.float32), np.array([0, 1, 0, 1])
     write_dataset(tmp / "data", {"train": (x, y), "test": (x, y)}, ["a", "b"], [0.0], [1.0], {})
@@ -89,7 +90,7 @@ def _dataset(tmp: Path) -> Path:
 
 
 def _staged_dataset(tmp: Path) -> Path:
-    from kubetrain.staging import stage_dataset
+    from kubetrain.components.launch_trainjob.staging import stage_dataset
 
     source = _dataset(tmp)
     stage_dataset(str(source), str(tmp / "shared" / "data"))
@@ -97,7 +98,7 @@ def _staged_dataset(tmp: Path) -> Path:
 
 
 def _report(tmp: Path) -> Path:
-    from kubetrain.report import Report, write_report
+    from kubetrain.components.evaluate_model.report import Report, write_report
 
     write_report(Report(html="<html></html>", images={"a.png": b"png"}), tmp / "report")
     return tmp / "report"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kubetrain import checkpoint
-from kubetrain.checkpoint import (
+from kubetrain.artifacts import checkpoint
+from kubetrain.artifacts.checkpoint import (
     latest_checkpoint,
     load_full_state_dict,
     load_model,
@@ -73,7 +73,7 @@ def test_save_writes_layout_latest_and_manifest(tmp_path: Path, strategy: str) -
     assert latest_checkpoint(tmp_path) == path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     manifest = verify_checkpoint(path)
-    assert manifest["format"] == "kubetrain.checkpoint/v1"
+    assert manifest["format"] == "kubetrain.artifacts.checkpoint/v1"
     assert (manifest["epoch"], manifest["step"], manifest["world_size"]) == (2, 20, 1)
     assert manifest["strategy"] == strategy
     assert manifest["model"] == MODEL_INFO
@@ -150,7 +150,8 @@ KILL_SCRIPT = textwrap.dedent(
     from pathlib import Path
     import torch
     from safetensors.torch import save as to_bytes, save_file
-    from kubetrain import atomic, checkpoint
+    from kubetrain.storage import atomic
+    from kubetrain.artifacts import checkpoint
     sys.path.insert(0, sys.argv[4])
     from test_checkpoint import save, trained
 
@@ -244,7 +245,7 @@ def test_checkpoint_name_sorts_by_epoch() -> None:
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from kubetrain.checkpoint import lock_checkpoint_dir
+    from kubetrain.artifacts.checkpoint import lock_checkpoint_dir
     lock = lock_checkpoint_dir(sys.argv[1])
     print("held", flush=True)
     sys.stdin.read()  # holds the folder until killed or told to end

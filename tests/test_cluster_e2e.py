@@ -19,7 +19,7 @@ from kubetrain.components.launch_trainjob.launch import (
 )
 from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
 from kubetrain.jobspec import TrainJobSpec
-from kubetrain.testing.fake_trainer import FakeTrainer
+from tests.support.fake_trainer import FakeTrainer
 
 
 @pytest.fixture

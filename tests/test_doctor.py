@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain.testing.emulator import KubeEmulator
+from tests.support.emulator import KubeEmulator
 
 REVIEWS = "post /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 VERSION = {

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from kubetrain.testing import objects
+from tests.support import objects
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 

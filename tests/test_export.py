@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kubetrain.checkpoint import save_checkpoint
+from kubetrain.artifacts.checkpoint import save_checkpoint
+from kubetrain.artifacts.export import EXPORT_CARD, export_model, verify_export
+from kubetrain.artifacts.model_card import load_model
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.export import EXPORT_CARD, export_model, verify_export
-from kubetrain.integrity import sha256_file
-from kubetrain.model_artifact import load_model
 from kubetrain.models import build_model
+from kubetrain.storage.integrity import sha256_file
 
 SHAPE = [1, 8, 8]
 # torch.jit is deprecated by PyTorch; the torchscript kind exists for servers that still need it
@@ -106,7 +106,7 @@ def test_an_export_of_another_model_is_refused(tmp_path):
 
 
 def test_a_program_that_computes_something_else_is_not_published(tmp_path, monkeypatch):
-    import kubetrain.export as export
+    import kubetrain.artifacts.export as export
 
     model_dir = collected(tmp_path, "mlp")
     real = export._serialize
@@ -142,7 +142,7 @@ def test_concurrent_weights_only_loads_leave_the_environment_as_it_was(monkeypat
     import threading
     import time
 
-    from kubetrain.export import _weights_only_torch_load
+    from kubetrain.artifacts.export import _weights_only_torch_load
 
     monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)

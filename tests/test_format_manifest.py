@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kubetrain import checkpoint, checkpoint_manifest, datasets, model_artifact
+from kubetrain.artifacts import checkpoint, checkpoint_manifest, datasets, model_card
+from kubetrain.artifacts.export import verify_export
+from kubetrain.artifacts.manifest import check_entry
 from kubetrain.errors import IntegrityError
-from kubetrain.export import verify_export
-from kubetrain.format_manifest import check_entry
 
 READERS = [
     pytest.param(datasets.read_manifest, "dataset", id="dataset"),
@@ -52,7 +52,7 @@ def records(tmp_path_factory, digits_dir) -> dict[str, Path]:
     """A real checkpoint folder, a collected model with export.json, and the digits dataset."""
     import torch
 
-    from kubetrain.checkpoint import save_checkpoint
+    from kubetrain.artifacts.checkpoint import save_checkpoint
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
     from kubetrain.models import mlp
 
@@ -92,7 +92,7 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
 READERS_OF = {
     "checkpoint": ("ckpt", "manifest.json", lambda folder: checkpoint.verify_checkpoint(folder)),
     "dataset": ("data", "manifest.json", lambda folder: datasets.load_split(folder, "test")),
-    "model card": ("model", "model.json", lambda folder: model_artifact.read_model_card(folder)),
+    "model card": ("model", "model.json", lambda folder: model_card.read_model_card(folder)),
     "export.json": ("model", "export.json", lambda folder: verify_export(folder)),
 }
 MALFORMED = {
@@ -200,7 +200,7 @@ def test_a_link_to_a_file_inside_the_folder_is_allowed(tmp_path) -> None:
 def test_a_record_too_deep_or_too_big_is_one_integrity_error(content, problem, tmp_path) -> None:
     """Python's JSON parser recurses (RecursionError, not a JSONDecodeError) and reads all it
     is given: both are refused as records no kubetrain step writes."""
-    from kubetrain.format_manifest import MAX_RECORD_BYTES, read_format_manifest
+    from kubetrain.artifacts.manifest import MAX_RECORD_BYTES, read_format_manifest
 
     record = tmp_path / "manifest.json"
     if content is None:

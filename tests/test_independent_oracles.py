@@ -27,11 +27,11 @@ from safetensors.torch import load_file
 from kubetrain import storage
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.errors import IntegrityError
-from kubetrain.integrity import chunks_of, sha256_file, sha256_of_chunks
 from kubetrain.models import build_model
-from kubetrain.streaming_copy import copy_verified
-from kubetrain.testing.s3_server import S3Server
+from kubetrain.storage.integrity import chunks_of, sha256_file, sha256_of_chunks
+from kubetrain.storage.verified_copy import copy_verified
 from tests.reliability.test_bad_input import assert_one_line_error
+from tests.support.s3_server import S3Server
 
 BUCKET = "kubetrain-oracles"
 #: Over every chunk size the product reads with (1, 4 and 8 MiB), and not a multiple of any.
@@ -131,7 +131,7 @@ def test_copy_verified_publishes_exactly_what_hashlib_names(
 @pytest.fixture(scope="module")
 def trained_model(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> Path:
     """A collected mlp trained a few SGD steps: some classes right, some not."""
-    from kubetrain.checkpoint import save_checkpoint
+    from kubetrain.artifacts.checkpoint import save_checkpoint
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 
     root = tmp_path_factory.mktemp("oracle-model")

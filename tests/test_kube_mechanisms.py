@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from kubetrain.backends.kube_logs import LineSplitter, parse_stamp, since_time, split_lines
-from kubetrain.testing import objects
+from kubetrain.backends.kubernetes.logs import LineSplitter, parse_stamp, since_time, split_lines
+from tests.support import objects
 
 IMAGE = "ghcr.io/example/trainer:1.0"
 
@@ -129,7 +129,7 @@ def complete(emulator, job: str, pod: str | None = None) -> None:
 @pytest.mark.fault
 @pytest.mark.parametrize("rotate", [False, True], ids=["reconnect", "rotated-then-reconnect"])
 def test_log_resume_after_a_rotation_loses_and_repeats_no_line(k8s, rotate, injected):
-    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.backends.kubernetes.client import RetryPolicy
 
     emulator = k8s.emulator
     backend = launch(k8s, retry=RetryPolicy(first_delay=0.01, max_delay=0.05))
@@ -170,7 +170,7 @@ class Pauses:
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize("server_seconds", [0, 3, 7])
 def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds, injected):
-    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.backends.kubernetes.client import RetryPolicy
 
     backend = launch(k8s)
     pauses = Pauses()
@@ -189,7 +189,7 @@ def test_retry_after_is_honoured_with_jitter_on_top(k8s, status, server_seconds,
 
 
 def test_pauses_without_retry_after_are_jittered_below_the_backoff_delay():
-    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.backends.kubernetes.client import RetryPolicy
 
     policy = RetryPolicy(first_delay=1.0, max_delay=8.0, rng=random.Random(7))
     for delay in policy.delays():
@@ -203,7 +203,7 @@ def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s, injecte
     """Every watch of the job ends at once with no event: each re-watch comes after a pause,
     and the pauses double up to the cap (counted, not timed)."""
     from kubetrain.backends.base import COMPLETE
-    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.backends.kubernetes.client import RetryPolicy
 
     emulator = k8s.emulator
     launch(k8s)
@@ -226,7 +226,7 @@ def test_a_watch_that_ends_at_once_is_reopened_after_growing_pauses(k8s, injecte
 @pytest.mark.fault
 @pytest.mark.parametrize("kind", ["trainer", "job"])
 def test_a_delete_that_succeeded_before_the_connection_dropped_is_a_success(k8s, kind, injected):
-    from kubetrain.backends.kube_client import RetryPolicy
+    from kubetrain.backends.kubernetes.client import RetryPolicy
     from kubetrain.jobspec import TrainJobSpec
 
     emulator = k8s.emulator

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus
-from kubetrain.backends.kube_client import PermissionDenied, RetryPolicy
-from kubetrain.backends.kube_launch import TrainerNotInstalled
+from kubetrain.backends.kubernetes.client import PermissionDenied, RetryPolicy
+from kubetrain.backends.kubernetes.launch import TrainerNotInstalled
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import Initializer, RuntimeRef, TrainJobSpec
-from kubetrain.testing import KubeEmulator, objects
-from kubetrain.testing.emulator import resource_of
+from tests.support import KubeEmulator, objects
+from tests.support.emulator import resource_of
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_RETRY = RetryPolicy(first_delay=0.01, max_delay=0.05)
@@ -369,7 +369,7 @@ def test_permission_errors_name_the_missing_verb_and_resource(k8s):
 def test_no_trainer_crd_says_the_trainer_is_not_installed(tmp_path):
     with KubeEmulator() as emulator:
         from kubetrain.backends import BackendOptions
-        from kubetrain.backends.kubernetes import KubernetesBackend
+        from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         backend = KubernetesBackend("trainer", BackendOptions(), emulator.api_client())
         with pytest.raises(TrainerNotInstalled) as missing:
@@ -399,7 +399,7 @@ def test_trainer_version_is_read_from_the_crd(tmp_path):
     with KubeEmulator() as emulator:
         emulator.install_trainer(version="2.1")
         from kubetrain.backends import BackendOptions
-        from kubetrain.backends.kubernetes import KubernetesBackend
+        from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         KubernetesBackend("trainer", BackendOptions(), emulator.api_client()).launch(make_spec())
         spec = emulator.get("trainjobs", "demo")["spec"]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from kubetrain.backends.base import COMPLETE, FAILED
-from kubetrain.backends.local import LocalBackend
+from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Resources, TrainJobSpec
 from kubetrain.names import derive_job_name
-from kubetrain.testing.processes import process_alive, supervisor_pid
+from tests.support.processes import process_alive, supervisor_pid
 
 
 @pytest.fixture

@@ -13,17 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from kubetrain import datasets, storage
-from kubetrain.checkpoint import (
+from kubetrain import storage
+from kubetrain.artifacts import datasets
+from kubetrain.artifacts.checkpoint import (
     latest_checkpoint,
     load_full_state_dict,
     read_manifest,
     restore_checkpoint,
     verify_checkpoint,
 )
+from kubetrain.artifacts.model_card import load_model_weights, read_model_card
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.model_artifact import load_model_weights, read_model_card
-from kubetrain.testing.s3_server import S3Server
+from tests.support.s3_server import S3Server
 from tests.test_train import torchrun, train_args
 
 BUCKET = "kubetrain-test"

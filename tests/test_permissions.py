@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from kubetrain.permissions import REQUIRED
+from kubetrain.backends.kubernetes.permissions import REQUIRED
 
 RBAC = Path(__file__).resolve().parents[1] / "runtimes" / "rbac.yaml"
 

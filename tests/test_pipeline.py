@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from kfp.components import load_component_from_file
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from kubetrain.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES, compile_all
+from kubetrain.cli.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES, compile_all
 from kubetrain.render.pod import STORAGE_ENV_KEYS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from kubetrain.cli import main as kubetrain_main
-from kubetrain.testing import KubeEmulator, objects
-from kubetrain.testing.fake_trainer import FakeTrainer
-from kubetrain.testing.kube_api import ClusterAPI
+from tests.support import KubeEmulator, objects
+from tests.support.fake_trainer import FakeTrainer
+from tests.support.kube_api import ClusterAPI
 
 RBAC = Path(__file__).resolve().parents[1] / "runtimes" / "rbac.yaml"
 NAMESPACE = "default"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from argo_schema import argo_schema_errors
 
-from kubetrain.backends.local_supervisor import program_path
-from kubetrain.testing.argo_local import run_workflow
+from kubetrain.backends.local.supervisor import program_path
+from tests.support.argo_local import run_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = re.compile(r"<!-- readme-example: hera -->\n```python\n(.*?)```", re.DOTALL)

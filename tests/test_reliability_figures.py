@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kubetrain.testing.reliability_figures import FIGURES_FILE
+from tests.support.reliability_figures import FIGURES_FILE
 
 FAULT_TESTS = """
     import pytest
@@ -47,7 +47,7 @@ FAULT_TESTS = """
 def test_fault_tests_are_counted_once_and_must_strike(tmp_path: Path) -> None:
     (tmp_path / "test_faults_here.py").write_text(textwrap.dedent(FAULT_TESTS))
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "kubetrain.testing.reliability_figures",
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.support.reliability_figures",
          "-p", "no:cacheprovider", "-o", "markers=fault", "-rE", "test_faults_here.py"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},

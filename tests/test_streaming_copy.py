@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kubetrain.errors import IntegrityError, KubetrainError
-from kubetrain.streaming_copy import copy_verified
-from kubetrain.testing.peak_memory import run_measuring_peak_memory
-from kubetrain.testing.s3_server import S3Server
-from kubetrain.testing.tiny_filesystem import (
+from kubetrain.storage.verified_copy import copy_verified
+from tests.support.peak_memory import run_measuring_peak_memory
+from tests.support.s3_server import S3Server
+from tests.support.tiny_filesystem import (
     run_python_on_tiny_filesystem,
     tiny_filesystem_available,
 )
@@ -264,7 +264,7 @@ SLOW_COPY = """
 import io, os, sys, time
 from fsspec import AbstractFileSystem
 from fsspec.registry import register_implementation
-from kubetrain.streaming_copy import copy_verified
+from kubetrain.storage.verified_copy import copy_verified
 
 class SlowFile(io.FileIO):
     def read(self, n=-1):
@@ -329,7 +329,7 @@ def s3() -> Iterator[S3Server]:
     pytest.importorskip("s3fs")
     from s3fs import S3FileSystem
 
-    from kubetrain.testing.s3_server import s3_server  # moto: imported only when used
+    from tests.support.s3_server import s3_server  # moto: imported only when used
 
     with s3_server() as server, pytest.MonkeyPatch.context() as patch:
         for name, value in server.env().items():
@@ -485,7 +485,7 @@ def test_one_gib_copy_has_bounded_peak_memory(tmp_path: Path) -> None:
     folder = fast_local_folder(tmp_path)
     dst = folder / "big.bin"
     copy = (
-        "import json; from kubetrain.streaming_copy import copy_verified; "
+        "import json; from kubetrain.storage.verified_copy import copy_verified; "
         f"r = copy_verified({str(src)!r}, {str(dst)!r}, expected_sha256={sha!r}, "
         f"expected_size={GIB}); print(json.dumps([r.bytes_copied, r.sha256, r.seconds]))"
     )
@@ -505,7 +505,7 @@ def test_one_gib_copy_has_bounded_peak_memory(tmp_path: Path) -> None:
 ENOSPC_COPY = """
 import json, os, sys
 from kubetrain.errors import IntegrityError, KubetrainError
-from kubetrain.streaming_copy import copy_verified
+from kubetrain.storage.verified_copy import copy_verified
 src, dst, sha, folder = sys.argv[1:]
 try:
     copy_verified(src, dst, expected_sha256=sha, chunk_size=256 * 1024)

@@ -1,6 +1,6 @@
 """`kubetrain submit argo` creates workflows through Hera's ``WorkflowsService`` over real HTTP.
 
-No Argo Server runs here, so ``kubetrain.testing.argo_server.ArgoServer`` answers the calls
+No Argo Server runs here, so ``tests.support.argo_server.ArgoServer`` answers the calls
 the way Argo does and records what it was sent; nothing in Hera or requests is replaced.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kubetrain.cli import build_parser, main
-from kubetrain.testing.argo_server import ArgoServer
+from tests.support.argo_server import ArgoServer
 
 REPO = Path(__file__).resolve().parents[1]
 COMPILED = REPO / "pipelines" / "compiled"

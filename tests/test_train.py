@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from kubetrain import datasets
-from kubetrain.checkpoint import (
+from kubetrain.artifacts import datasets
+from kubetrain.artifacts.checkpoint import (
     latest_checkpoint,
     load_full_state_dict,
     load_model,

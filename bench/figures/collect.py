@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from bench.core import PYTHON, Row, Settings, Stats, log
-from kubetrain.testing.large_checkpoint import MIB, write_ddp_checkpoint
-from kubetrain.testing.peak_memory import MeasuredRun, run_measuring_peak_memory
+from tests.support.large_checkpoint import MIB, write_ddp_checkpoint
+from tests.support.peak_memory import MeasuredRun, run_measuring_peak_memory
 
 TARGET_RATIO = 0.8
 PEAK_TARGET_MIB = 256.0
@@ -99,7 +99,7 @@ def measure(settings: Settings) -> list[Row]:
             baseline_label="peak RSS of `cp`",
             target=f"< {PEAK_TARGET_MIB:.0f} MiB",
             how="ru_maxrss of the command, read by a launcher process "
-            "(kubetrain.testing.peak_memory); the worst run is checked",
+            "(tests.support.peak_memory); the worst run is checked",
             ratio=peak.median / Stats.of(base_peak).median,
             met=peak_met,
             verdict="met" if peak_met else f"missed by {peak.max - PEAK_TARGET_MIB:.0f} MiB",

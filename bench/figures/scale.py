@@ -1,10 +1,10 @@
-"""B6 scale, on the emulated Kubernetes API server (``kubetrain.testing.KubeEmulator``):
+"""B6 scale, on the emulated Kubernetes API server (``tests.support.KubeEmulator``):
 ``kubetrain launch --backend trainer --nodes N`` then ``kubetrain wait --backend trainer NAME``
 for a big job (256 nodes, 256 pods) and a small one (2 nodes), counting every API request the
 two processes make. A stand-in controller plays the Trainer/JobSet: it creates the job's pods
 (Pending) when the TrainJob appears, sets them Running once the waiter follows the job, and
 ``run_seconds`` later terminates them and marks the TrainJob Complete. Unlike
-``kubetrain.testing.fake_trainer`` it starts no processes (256 real nodes would measure the
+``tests.support.fake_trainer`` it starts no processes (256 real nodes would measure the
 machine, not our API traffic); its own writes are in-process and not counted."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.core import KUBETRAIN, Row, Settings, Stats, bench_env, log, run
 from bench.figures.wait import IMAGE, NAMESPACE, Cluster, Waiter, _ours, _ready_ours
-from kubetrain.testing import objects
+from tests.support import objects
 
 GROWTH_LIMIT = 5  # requests(big job) - requests(small job) must not exceed this
 
@@ -172,7 +172,7 @@ def measure(settings: Settings) -> list[Row]:
             f"{small.run_seconds:.0f} s",
             target=f"requests({big.nodes}) ≤ requests({small.nodes}) + a constant (no per-node "
             f"or per-second growth); met if the difference is ≤ {GROWTH_LIMIT}",
-            how=f"emulated API server (kubetrain.testing.KubeEmulator), a fresh one per job, "
+            how=f"emulated API server (tests.support.KubeEmulator), a fresh one per job, "
             f"each size {repeats}× (interleaved); a stand-in controller creates the "
             f"{big.nodes} (or {small.nodes}) pods Pending when the TrainJob appears, sets them all "
             f"Running once the waiter watches the job, and {big.run_seconds:.0f} s "

@@ -1,5 +1,5 @@
 """B2 wait latency and B2b API load, on the emulated Kubernetes API server
-(``kubetrain.testing.KubeEmulator``): ``kubetrain wait --backend trainer`` against the Kubeflow
+(``tests.support.KubeEmulator``): ``kubetrain wait --backend trainer`` against the Kubeflow
 SDK's ``TrainerClient.wait_for_job_status``, which runs in its own venv (bench/.sdk-venv,
 created on first use: the SDK pins another ``kubernetes``)."""
 
@@ -21,9 +21,9 @@ import yaml
 
 from bench.core import BASELINES, KUBETRAIN, REPO, Row, Settings, Stats, bench_env, log
 from kubetrain.backends import BackendOptions
-from kubetrain.backends.kubernetes import KubernetesBackend
+from kubetrain.backends.kubernetes.backend import KubernetesBackend
 from kubetrain.jobspec import RuntimeRef, TrainJobSpec
-from kubetrain.testing import KubeEmulator, objects
+from tests.support import KubeEmulator, objects
 
 SDK_VENV = Path(__file__).resolve().parent.parent / ".sdk-venv"
 SDK_PACKAGE = "kubeflow"
@@ -263,7 +263,7 @@ def measure(settings: Settings) -> list[Row]:
             baseline=ms_sdk,
             baseline_label="Kubeflow SDK `TrainerClient().wait_for_job_status(NAME)` (defaults)",
             target=f"p50 ≤ {P50_TARGET_S * 1000:.0f} ms and ≥ {SPEEDUP_TARGET:.0f}× faster",
-            how=f"emulated API server (kubetrain.testing.KubeEmulator); {jobs} jobs each; the "
+            how=f"emulated API server (tests.support.KubeEmulator); {jobs} jobs each; the "
             "TrainJob is flipped to Complete 0–2 s (seeded) after the waiter first reads/watches "
             "it; latency = flip → the waiter reports the outcome (our result line; the SDK's "
             f"wait_for_job_status returning); p95: ours {p95_ours:.0f} ms, SDK {p95_sdk:.0f} ms",

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
+from kubetrain.artifacts.manifest import check_model_code
+from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
+from kubetrain.artifacts.output_rule import MODEL, check_output
+from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.format_manifest import check_model_code
-from kubetrain.integrity import sha256_file
-from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
-from kubetrain.output_rule import MODEL, check_output
-from kubetrain.safetensors_header import tensor_names
-from kubetrain.streaming_copy import copy_verified
+from kubetrain.storage.integrity import sha256_file
+from kubetrain.storage.verified_copy import copy_verified
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class CollectedModel:
     card: dict[str, Any]
 
 
-#: ``export`` values: none, or a program for serving (see kubetrain.export).
+#: ``export`` values: none, or a program for serving (see kubetrain.artifacts.export).
 EXPORT_KINDS = ("none", "torch-export", "torchscript")
 
 
@@ -45,7 +45,7 @@ def collect_checkpoint(
     ``model_factory`` (``package.module:callable``) builds the model an export traces when the
     checkpoint records custom code, which is never imported on the manifest's word alone.
     """
-    from kubetrain.checkpoint_manifest import (
+    from kubetrain.artifacts.checkpoint_manifest import (
         latest_checkpoint,
         listed_files,
         read_manifest,
@@ -89,7 +89,7 @@ def collect_checkpoint(
         card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
         (staged / MODEL_CARD).write_text(card_text)
         if export != "none":
-            from kubetrain.export import export_model
+            from kubetrain.artifacts.export import export_model
 
             # checked against the model before it is kept
             export_model(staged, export, model_factory=model_factory or None)
@@ -125,7 +125,7 @@ def _gather_shards(checkpoint: storage.Location, target: Path) -> str:
     import torch
     from safetensors.torch import save_file
 
-    from kubetrain.checkpoint import load_full_state_dict
+    from kubetrain.artifacts.checkpoint import load_full_state_dict
 
     state = {
         key: tensor.detach().to("cpu").contiguous()

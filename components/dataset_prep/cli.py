@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+from kubetrain.components._shared.step_outputs import (
+    add_output_parameters_argument,
+    write_output_parameters,
+)
 
 # Kept equal to prepare_dataset's defaults (a test checks); not imported, to stay light.
 DEFAULT_SOURCE = "sklearn:digits"

@@ -1,7 +1,7 @@
 """Dataset prep: turn a named or local dataset into a normalised, split, checksummed folder.
 
 Every later step (the trainer, evaluate) reads the folder this writes (see
-``kubetrain.datasets``), so all checks happen here, before anything is written: a bad
+``kubetrain.artifacts.datasets``), so all checks happen here, before anything is written: a bad
 source fails in seconds on the cluster instead of minutes into a distributed training job.
 
 Sample layout. Samples are stored channel-first; the *channel axis is axis 1* of the
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from kubetrain import __version__
-from kubetrain.datasets import write_dataset
+from kubetrain.artifacts.datasets import write_dataset
 from kubetrain.errors import InvalidInput
-from kubetrain.file_urls import file_url_path
-from kubetrain.integrity import sha256_file
+from kubetrain.storage.integrity import sha256_file
+from kubetrain.storage.urls import file_url_path
 
 DEFAULT_SOURCE = "sklearn:digits"
 DEFAULT_CACHE_DIR = "~/.cache/kubetrain"
@@ -146,10 +146,10 @@ def _check_seed(seed: int) -> None:
 def _check_output_dir(
     output_dir: str | os.PathLike[str], source: str, cache_dir: str | None
 ) -> Path | str:
-    """Refuse an output the one output rule forbids (:mod:`kubetrain.output_rule`: a file, a
-    non-dataset folder with content, the source folder or the download cache, or a folder
+    """Refuse an output the one output rule forbids (:mod:`kubetrain.artifacts.output_rule`: a
+    file, a non-dataset folder with content, the source folder or the download cache, or a folder
     inside or around them), and a local folder that cannot be created."""
-    from kubetrain.output_rule import DATASET, check_output
+    from kubetrain.artifacts.output_rule import DATASET, check_output
 
     inputs: dict[str, str] = {}
     scheme = source.partition(":")[0].lower()

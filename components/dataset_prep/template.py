@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hera.workflows import Container
 
-from kubetrain.argo_steps import (
+from kubetrain.components._shared.argo_steps import (
     SHARED_VOLUME,
     SharedVolume,
     file_artifact,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+from kubetrain.components._shared.step_outputs import (
+    add_output_parameters_argument,
+    write_output_parameters,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,9 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubetrain.atomic import write_json
     from kubetrain.components.evaluate_model.evaluate import evaluate_model, evaluation_report
-    from kubetrain.report import check_report_dir, write_report
+    from kubetrain.components.evaluate_model.report import check_report_dir, write_report
+    from kubetrain.storage.atomic import write_json
 
     report_inputs = {"model": args.model, "data": args.data}
     if args.report:  # the output rule, before the evaluation and the metrics file

@@ -23,10 +23,10 @@ def evaluate_model(
     model card's spec alone never imports."""
     from collections import namedtuple
 
-    from kubetrain.atomic import write_text
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
     from kubetrain.components.evaluate_model.evaluate import evaluation_report
     from kubetrain.process_exit import skip_exit_collection
+    from kubetrain.storage.atomic import write_text
 
     result = evaluate(model.path, dataset.path, threshold=threshold, model_factory=model_factory)
     metrics.log_metric("accuracy", result.accuracy)

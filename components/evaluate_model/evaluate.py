@@ -10,7 +10,7 @@ from kubetrain.errors import InvalidInput
 if TYPE_CHECKING:
     import numpy as np
 
-    from kubetrain.report import Report
+    from kubetrain.components.evaluate_model.report import Report
 
 EVAL_BATCH_SIZE = 1024
 
@@ -74,8 +74,8 @@ def evaluate_model(
     """
     import torch
 
-    from kubetrain.datasets import load_split, read_manifest
-    from kubetrain.model_artifact import load_model, read_model_card
+    from kubetrain.artifacts.datasets import load_split, read_manifest
+    from kubetrain.artifacts.model_card import load_model, read_model_card
 
     validate_threshold(threshold)
     card = read_model_card(model_dir)
@@ -121,8 +121,8 @@ def evaluate_model(
 
 def evaluation_report(model_dir: str, data_dir: str, result: Evaluation) -> Report:
     """The HTML report of ``result``, with the training history from the model's card."""
-    from kubetrain.datasets import read_manifest
-    from kubetrain.model_artifact import read_model_card
-    from kubetrain.report import build_report
+    from kubetrain.artifacts.datasets import read_manifest
+    from kubetrain.artifacts.model_card import read_model_card
+    from kubetrain.components.evaluate_model.report import build_report
 
     return build_report(read_model_card(model_dir), result.as_dict(), read_manifest(data_dir))

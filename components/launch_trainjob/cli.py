@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.components._shared.step_outputs import (
+    add_output_parameters_argument,
+    write_output_parameters,
+)
 from kubetrain.errors import InvalidInput
-from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

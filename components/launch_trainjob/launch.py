@@ -9,11 +9,11 @@ from pathlib import Path
 
 from kubetrain import rules, storage
 from kubetrain.backends import BackendOptions, get_backend
+from kubetrain.components.launch_trainjob.staging import stage_dataset
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec, Volume
 from kubetrain.names import derive_job_name, label_value, random_job_name
-from kubetrain.staging import stage_dataset
 from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
@@ -98,7 +98,7 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
     backend), before a job is created that can only fail: a model that does not import, a
     folder that is no readable dataset, a checkpoint folder that is a file. A URL is left to
     the nodes, which have its filesystem's credentials."""
-    from kubetrain.datasets import read_manifest
+    from kubetrain.artifacts.datasets import read_manifest
 
     if model not in BUILTIN_MODELS:
         _check_model_imports(model)

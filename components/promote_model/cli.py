@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
+from kubetrain.components._shared.step_outputs import (
+    add_output_parameters_argument,
+    write_output_parameters,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

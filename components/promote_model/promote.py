@@ -20,12 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kubetrain import atomic
+from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, read_model_card
+from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
-from kubetrain.file_urls import file_url_path
-from kubetrain.integrity import sha256_file
-from kubetrain.model_artifact import MODEL_CARD, MODEL_FILE, read_model_card
-from kubetrain.safetensors_header import tensor_names
+from kubetrain.storage import atomic
+from kubetrain.storage.integrity import sha256_file
+from kubetrain.storage.urls import file_url_path
 
 POINTER = "PROMOTED"
 POINTER_FORMAT = "kubetrain.promoted/v1"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.cli.jobs import add_target_arguments, backend_options
+from kubetrain.components._shared.step_outputs import (
+    add_output_parameters_argument,
+    write_output_parameters,
+)
 from kubetrain.components.wait_trainjob.wait import DEFAULT_STALL_TIMEOUT_SECONDS
-from kubetrain.jobs_cli import add_target_arguments, backend_options
-from kubetrain.step_outputs import add_output_parameters_argument, write_output_parameters
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

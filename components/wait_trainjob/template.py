@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hera.workflows import Container
 
-from kubetrain.argo_steps import (
+from kubetrain.components._shared.argo_steps import (
     api_retry,
     input_parameter,
     inputs,

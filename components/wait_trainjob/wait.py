@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
+from kubetrain.backends.torchrun_report import root_cause
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.torchrun_report import root_cause
 
 FAILURE_LOG_LINES = 20
 #: A running job silent this long is stalled (0 turns the check off). Generous: a slow epoch

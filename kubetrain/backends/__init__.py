@@ -41,11 +41,11 @@ class BackendOptions:
 def get_backend(name: str, options: BackendOptions | None = None) -> Backend:
     options = (options or BackendOptions()).validate()
     if name == "local":
-        from kubetrain.backends.local import LocalBackend
+        from kubetrain.backends.local.backend import LocalBackend
 
         return LocalBackend()
     if name in ("trainer", "job"):
-        from kubetrain.backends.kubernetes import KubernetesBackend
+        from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(kind=name, options=options)
     raise InvalidInput("backend", f"{name!r} is unknown", f"use one of {', '.join(BACKENDS)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
-from kubetrain import datasets
+from kubetrain.artifacts import datasets
 from kubetrain.errors import InvalidInput
 from kubetrain.models import import_callable
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kubetrain.checkpoint import (
+from kubetrain.artifacts.checkpoint import (
     CheckpointLock,
     latest_checkpoint,
     lock_checkpoint_dir,

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kubetrain.backends.base import COMPLETE, FAILED, JobStatus
-from kubetrain.backends.kube_client import RetryPolicy
+from kubetrain.backends.kubernetes.client import RetryPolicy
 from kubetrain.jobspec import TrainJobSpec
-from kubetrain.testing import objects
+from tests.support import objects
 
 FAST_RETRY = RetryPolicy(first_delay=0.01, max_delay=0.05)
 JOBS = 20

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from kubetrain.cli import main
-from kubetrain.testing.argo_server import ArgoServer
+from tests.support.argo_server import ArgoServer
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def _collected_model(root: Path) -> tuple[Path, Path]:
     """A checkpoint and the model collected from it, of an untrained mlp on digits' shape."""
     import torch
 
-    from kubetrain.checkpoint import save_checkpoint
+    from kubetrain.artifacts.checkpoint import save_checkpoint
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
     from kubetrain.models import build_model
 
@@ -431,9 +431,9 @@ def test_parameter_rules_agree_with_the_steps() -> None:
     """`submit` and `run` check parameter values with rules of their own (kept light for
     `kubetrain --help`); they must accept the steps' choices and nothing else."""
     from kubetrain.backends import BACKENDS, CANCEL_ACTIONS
+    from kubetrain.cli.param_option import VALUE_RULES
     from kubetrain.components.collect_checkpoint.collect import EXPORT_KINDS
     from kubetrain.components.launch_trainjob import launch
-    from kubetrain.param_option import VALUE_RULES
     from kubetrain.training_choices import BUILTIN_MODELS
 
     for name, choices in (

@@ -17,7 +17,7 @@ import pytest
 
 from kubetrain import cli
 from kubetrain.errors import DEBUG_ENV, OS_ERROR_FIXES
-from kubetrain.testing.tiny_filesystem import (
+from tests.support.tiny_filesystem import (
     run_python_on_tiny_filesystem,
     tiny_filesystem_available,
 )

@@ -1,7 +1,7 @@
 """Faults injected into real local jobs (real torchrun, real training): a SIGKILLed rank, a
 restart after it, a cancelled wait, a disk full while collecting. Each test confirms its fault
 struck, checks what the user is told, that nothing is left running and that the newest
-checkpoint still verifies and loads (``injected``: kubetrain.testing.reliability_figures)."""
+checkpoint still verifies and loads (``injected``: tests.support.reliability_figures)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain.backends.local import LocalBackend
-from kubetrain.checkpoint import load_full_state_dict
-from kubetrain.checkpoint_manifest import latest_checkpoint
-from kubetrain.testing.processes import (
+from kubetrain.artifacts.checkpoint import load_full_state_dict
+from kubetrain.artifacts.checkpoint_manifest import latest_checkpoint
+from kubetrain.backends.local.backend import LocalBackend
+from tests.support.processes import (
     alive,
     descendants,
     kill,
     supervisor_pid,
     wait_for_descendants,
 )
-from kubetrain.testing.tiny_filesystem import (
+from tests.support.tiny_filesystem import (
     run_python_on_tiny_filesystem,
     tiny_filesystem_available,
 )

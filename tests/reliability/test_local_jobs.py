@@ -24,14 +24,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kubetrain.backends.local import LocalBackend
-from kubetrain.backends.local_processes import marked_processes
-from kubetrain.checkpoint_manifest import latest_checkpoint
+from kubetrain.artifacts.checkpoint_manifest import latest_checkpoint
+from kubetrain.backends.local.backend import LocalBackend
+from kubetrain.backends.local.processes import marked_processes
 from kubetrain.cli import main
 from kubetrain.jobspec import TrainJobSpec
-from kubetrain.testing.processes import process_alive, supervisor_pid, wait_for_descendants
 from tests.reliability.test_bad_input import assert_one_line_error, tree
 from tests.reliability.test_faults import newest_checkpoint_loads, wait_until
+from tests.support.processes import process_alive, supervisor_pid, wait_for_descendants
 
 #: Marks every process a test starts (they all inherit it), to find any left behind.
 TEST_MARK = "KUBETRAIN_TEST_MARK"

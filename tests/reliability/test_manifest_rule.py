@@ -1,4 +1,4 @@
-"""The one manifest rule (kubetrain/format_manifest.py) for every reader of a record that names
+"""The one manifest rule (kubetrain/artifacts/manifest.py) for every reader of a record that names
 files, and the rule for the model code a record names.
 
 Generated cases: each reader (a checkpoint's manifest through collect, resume and load; a
@@ -33,14 +33,14 @@ from typing import Any
 import pytest
 import torch
 
-from kubetrain import checkpoint, datasets, export, model_artifact
-from kubetrain.checkpoint import save_checkpoint
+from kubetrain.artifacts import checkpoint, datasets, export, model_card
+from kubetrain.artifacts.checkpoint import save_checkpoint
+from kubetrain.artifacts.manifest import shown
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import KubetrainError
-from kubetrain.format_manifest import shown
-from kubetrain.integrity import sha256_file
 from kubetrain.models import mlp
+from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
 from kubetrain.training_choices import STRATEGIES
 
@@ -409,7 +409,7 @@ RECORD_READERS = {
         lambda ws: checkpoint.read_manifest(ws / "epoch-000001"),
     ),
     "dataset manifest.json": ("data", "manifest.json", lambda ws: datasets.read_manifest(ws)),
-    "model.json": ("model", "model.json", lambda ws: model_artifact.read_model_card(ws)),
+    "model.json": ("model", "model.json", lambda ws: model_card.read_model_card(ws)),
     "export.json": ("model", "export.json", lambda ws: export.verify_export(ws)),
 }  # fmt: skip
 
@@ -496,8 +496,8 @@ FACES = {
         capsys, "collect", "--checkpoint-dir", m["ckpt"], "--output", out,
         "--export", "torch-export",
     ),
-    "model_artifact.load_model": lambda m, data, capsys, out: refusal(
-        lambda: model_artifact.load_model(m["model"])
+    "model_card.load_model": lambda m, data, capsys, out: refusal(
+        lambda: model_card.load_model(m["model"])
     ),
     "checkpoint.load_model": lambda m, data, capsys, out: refusal(
         lambda: checkpoint.load_model(m["ckpt"] / "epoch-000001")
@@ -576,7 +576,7 @@ def test_every_face_of_the_steps_takes_the_model_factory() -> None:
 def test_the_streaming_copy_refuses_a_source_that_is_no_regular_file(source, tmp_path) -> None:
     """The copy collect streams a model file with: a FIFO would block it, /dev/zero never end."""
     from kubetrain.errors import IntegrityError
-    from kubetrain.streaming_copy import copy_verified
+    from kubetrain.storage.verified_copy import copy_verified
 
     if source == "fifo":
         os.mkfifo(tmp_path / "fifo")
@@ -595,7 +595,7 @@ def test_staging_a_dataset_copies_only_what_its_manifest_lists(
     """Beside the listed files, a link to /dev/zero and a FIFO: launch's copy onto the shared
     volume opens neither (a whole-folder copy would hang on both) and publishes only the
     manifest and its splits."""
-    from kubetrain.staging import stage_dataset
+    from kubetrain.components.launch_trainjob.staging import stage_dataset
 
     source = tmp_path / "data"
     shutil.copytree(digits_dir, source)

@@ -1,4 +1,4 @@
-"""The one output rule (kubetrain/output_rule.py), for every step that publishes a folder.
+"""The one output rule (kubetrain/artifacts/output_rule.py), for every step that publishes a folder.
 
 Generated cases: each publishing step (collect --output, prep --output, evaluate --report, the
 dataset staging copy) x each output shape the rule refuses (an existing file, a folder of other
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kubetrain.artifacts.output_rule import DATASET, MODEL, REPORT, OutputKind, is_output_of
 from kubetrain.cli import main
 from kubetrain.errors import KubetrainError
-from kubetrain.output_rule import DATASET, MODEL, REPORT, OutputKind, is_output_of
 
 KINDS = (DATASET, MODEL, REPORT)
 MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}
@@ -41,7 +41,7 @@ def origin(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> dict[s
     prep source folder (data.npz); each test copies them into its own workspace."""
     import torch
 
-    from kubetrain.checkpoint import save_checkpoint
+    from kubetrain.artifacts.checkpoint import save_checkpoint
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
     from kubetrain.models import build_model
 
@@ -94,7 +94,7 @@ def _evaluate(inputs: dict[str, Path], output: str) -> int:
 
 def _stage(inputs: dict[str, Path], output: str) -> int:
     """The launch step's copy of the dataset onto the shared volume, as the CLI reports it."""
-    from kubetrain.staging import stage_dataset
+    from kubetrain.components.launch_trainjob.staging import stage_dataset
 
     try:
         stage_dataset(str(inputs["data"]), output)
@@ -337,7 +337,7 @@ def test_an_allowed_output_is_published_and_an_earlier_one_replaced(
 
 
 def test_the_rule_knows_each_kind_by_the_marker_its_step_writes(origin: dict[str, Path]) -> None:
-    from kubetrain.datasets import FORMAT as DATASET_FORMAT
+    from kubetrain.artifacts.datasets import FORMAT as DATASET_FORMAT
 
     assert DATASET.format == DATASET_FORMAT
     assert is_output_of(origin["data"], DATASET) and not is_output_of(origin["data"], MODEL)

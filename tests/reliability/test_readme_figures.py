@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain.testing.reliability_figures import COLLECTED_MARKS_ENV
+from tests.support.reliability_figures import COLLECTED_MARKS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_REFERENCE = re.compile(r"`((?:tests|components)/[\w/]+\.py)::(\w+)")

@@ -27,12 +27,12 @@ import pytest
 import torch
 import yaml
 
-from kubetrain.checkpoint import save_checkpoint
+from kubetrain.artifacts.checkpoint import save_checkpoint
 from kubetrain.cli import main as kubetrain_main
-from kubetrain.integrity import sha256_file
 from kubetrain.models import build_model
-from kubetrain.testing.argo_server import ArgoServer
+from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
+from tests.support.argo_server import ArgoServer
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}  # the digits model
@@ -117,8 +117,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def collected(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A collected model with both exports, as `kubetrain collect --export` publishes it."""
+    from kubetrain.artifacts.export import export_model
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
-    from kubetrain.export import export_model
 
     model_dir = tmp_path_factory.mktemp("collected") / "model"
     collect_checkpoint(str(checkpoints["ddp"]), str(model_dir), "torch-export")
@@ -329,8 +329,8 @@ def torchscript_data_pkl(archive: zipfile.ZipFile, marker: Path) -> dict[str, by
     ],
 )
 def test_verify_export_refuses_a_planted_program(collected, tmp_path, kind, file, planting):
+    from kubetrain.artifacts.export import EXPORT_CARD, verify_export
     from kubetrain.errors import IntegrityError
-    from kubetrain.export import EXPORT_CARD, verify_export
 
     model_dir = tmp_path / "model"
     shutil.copytree(collected, model_dir)

@@ -38,9 +38,9 @@ from test_bad_input import (
 
 from kubetrain import rules
 from kubetrain.cli import main
+from kubetrain.cli.param_option import check_value
 from kubetrain.errors import InvalidInput
-from kubetrain.param_option import check_value
-from kubetrain.testing.argo_server import ArgoServer
+from tests.support.argo_server import ArgoServer
 
 #: The Argo Server and the recording KFP API of the catalogue, as fixtures of this module.
 argo = catalogue.argo
@@ -550,9 +550,7 @@ def test_validation_patterns_are_applied_with_fullmatch() -> None:
     sources = [
         REPO / "kubetrain" / "rules.py",
         REPO / "kubetrain" / "jobspec.py",
-        REPO / "kubetrain" / "submit_argo.py",
-        REPO / "kubetrain" / "submit_cli.py",
-        REPO / "kubetrain" / "param_option.py",
+        *(REPO / "kubetrain" / "cli").glob("*.py"),
         *(REPO / "kubetrain" / "render").glob("*.py"),
         *(REPO / "components" / "launch_trainjob").glob("*.py"),
     ]

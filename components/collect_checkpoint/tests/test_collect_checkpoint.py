@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from kubetrain.artifacts.model_card import read_model_card
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.integrity import sha256_file
-from kubetrain.model_artifact import read_model_card
+from kubetrain.storage.integrity import sha256_file
 
 
 def shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -93,7 +93,7 @@ def test_collect_cli(trained_checkpoints, tmp_path, run_python):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_export_is_published_with_the_model_and_verifies(trained_checkpoints, tmp_path, strategy):
-    from kubetrain.export import verify_export
+    from kubetrain.artifacts.export import verify_export
 
     collect_checkpoint(str(trained_checkpoints[strategy]), str(tmp_path / "model"), "torch-export")
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
@@ -113,7 +113,7 @@ def test_safetensors_header_check_agrees_with_safetensors(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from kubetrain.safetensors_header import tensor_names as safetensors_tensor_names
+    from kubetrain.artifacts.safetensors_header import tensor_names as safetensors_tensor_names
 
     good = tmp_path / "good.safetensors"
     tensors = {"b": np.zeros((2, 3), np.float32), "a": np.ones(5, np.int64), "e": np.zeros(0)}

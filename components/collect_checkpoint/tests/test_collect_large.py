@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from kubetrain.checkpoint_manifest import MANIFEST
-from kubetrain.model_artifact import read_model_card
-from kubetrain.testing.large_checkpoint import write_ddp_checkpoint
-from kubetrain.testing.peak_memory import run_measuring_peak_memory
+from kubetrain.artifacts.checkpoint_manifest import MANIFEST
+from kubetrain.artifacts.model_card import read_model_card
+from tests.support.large_checkpoint import write_ddp_checkpoint
+from tests.support.peak_memory import run_measuring_peak_memory
 
 GIB = 1024**3
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kubetrain.artifacts.datasets import load_split, read_manifest
 from kubetrain.components.dataset_prep import cli as prep_cli
 from kubetrain.components.dataset_prep.prep import DEFAULT_SOURCE, prepare_dataset
-from kubetrain.datasets import load_split, read_manifest
 from kubetrain.errors import InvalidInput
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from kubetrain.report import build_report, write_report
+from kubetrain.components.evaluate_model.report import build_report, write_report
 
 IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 SHA = "ab" * 32

@@ -37,7 +37,7 @@ def test_launch_records_a_torchrun_spec_and_returns_at_once(local_root, digits_d
     assert args[args.index("--strategy") + 1] == "fsdp"
     assert args[args.index("--data") + 1] == str(digits_dir)
     assert (spec["num_nodes"], spec["procs_per_node"]) == (2, 2)
-    from kubetrain.backends.local import LocalBackend
+    from kubetrain.backends.local.backend import LocalBackend
 
     LocalBackend().delete("fsdp-one")
 
@@ -94,8 +94,8 @@ def test_env_pairs_must_be_key_value():
 
 
 def test_a_shared_volume_gets_the_dataset_and_the_checkpoints(local_root, digits_dir, tmp_path):
-    from kubetrain.backends.local import LocalBackend
-    from kubetrain.datasets import read_manifest
+    from kubetrain.artifacts.datasets import read_manifest
+    from kubetrain.backends.local.backend import LocalBackend
     from kubetrain.jobspec import Volume
 
     shared = tmp_path / "shared"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain import atomic
+from kubetrain.artifacts.model_card import read_model_card
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.components.promote_model import cli
 from kubetrain.components.promote_model.promote import promote_model
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
-from kubetrain.integrity import sha256_file
-from kubetrain.model_artifact import read_model_card
+from kubetrain.storage import atomic
+from kubetrain.storage.integrity import sha256_file
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubetrain.backends.local import LocalBackend
+from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import TrainJobSpec

@@ -1,0 +1,122 @@
+"""Where checkpoints are and whether they are complete: the layout, manifest and ``LATEST``
+pointer of ``kubetrain.artifacts.checkpoint``, readable without torch (collect streams a DDP
+model file without importing it: torch alone is ~220 MiB of a process's memory)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from kubetrain import storage
+from kubetrain.artifacts.manifest import (
+    MANIFEST,
+    MODEL_FIELDS,
+    OBJECT,
+    POSITIVE,
+    RECORDS,
+    WHOLE,
+    Rule,
+    check_digests,
+    check_entry,
+    check_fields,
+    read_format_manifest,
+)
+from kubetrain.errors import IntegrityError
+from kubetrain.training_choices import STRATEGIES
+
+FORMAT = "kubetrain.artifacts.checkpoint/v1"
+LATEST = "LATEST"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+DCP_DIR = "dcp"
+_NAME = re.compile(r"epoch-(\d{6,})")
+_FIELDS = {
+    "epoch": WHOLE,
+    "step": WHOLE,
+    "world_size": POSITIVE,
+    "strategy": Rule(lambda value: value in STRATEGIES, f"one of {', '.join(STRATEGIES)}"),
+    "model": OBJECT,
+    "metrics": RECORDS,
+    "files": OBJECT,
+}
+_PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
+
+PathLike = storage.Location
+
+
+def checkpoint_name(epoch: int) -> str:
+    """Folder name of the checkpoint taken after ``epoch``; zero-padded so names sort by epoch."""
+    return f"epoch-{epoch:06d}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
+    """The manifest of one checkpoint folder; IntegrityError if it is missing or malformed
+    (the names it lists are held to the manifest rule by :func:`listed_files`)."""
+    what = f"checkpoint {ckpt_path}"
+    manifest = read_format_manifest(
+        ckpt_path,
+        FORMAT,
+        what=what,
+        if_missing=", so it is not a complete checkpoint; use the folder that CKPT_DIR/LATEST "
+        "names",
+        if_foreign="it was not written by kubetrain.train",
+    )
+    check_fields(manifest, _FIELDS, what, MANIFEST)
+    check_fields(manifest["model"], MODEL_FIELDS, what, MANIFEST, within="model.")
+    return manifest
+
+
+def listed_files(ckpt_path: PathLike, manifest: dict[str, Any]) -> dict[str, str]:
+    """The manifest's ``files`` once every name passed the manifest rule (a relative path to
+    a regular file inside the folder) and every digest is a sha256; read nothing before."""
+    return check_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
+
+
+def _is_complete(folder: PathLike) -> bool:
+    try:
+        read_manifest(folder)
+    except IntegrityError:
+        return False
+    return True
+
+
+def _epoch_of(name: str) -> int:
+    match = _NAME.fullmatch(name)
+    return int(match.group(1)) if match else -1
+
+
+def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
+    """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None
+    (a Path for a local CKPT_DIR, a URL for object storage)."""
+    if not storage.is_dir(checkpoint_dir):
+        return None
+    try:  # a FIFO or a link to /dev/zero as LATEST is no pointer: it is not read
+        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
+        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
+    except (OSError, UnicodeDecodeError, IntegrityError):
+        named = ""
+    if _NAME.fullmatch(named) and _is_complete(storage.join(checkpoint_dir, named)):
+        return storage.join(checkpoint_dir, named)
+    names = [name for name in storage.list_dirs(checkpoint_dir) if _NAME.fullmatch(name)]
+    for name in sorted(names, key=_epoch_of, reverse=True):
+        if _is_complete(storage.join(checkpoint_dir, name)):
+            return storage.join(checkpoint_dir, name)
+    return None
+
+
+def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
+    """Check every file against its manifest sha256 (naming the bad one); return the manifest."""
+    manifest = read_manifest(ckpt_path)
+    files = listed_files(ckpt_path, manifest)
+    for required in _PAYLOAD[manifest["strategy"]]:
+        if required not in files:
+            raise IntegrityError(
+                f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
+                "it is incomplete, use an earlier checkpoint"
+            )
+    storage.verify_digests(ckpt_path, files, f"checkpoint {ckpt_path}")
+    return manifest

@@ -1,0 +1,161 @@
+"""The prepared-dataset folder: what dataset prep writes and the trainer and evaluate read.
+
+Layout (format ``kubetrain.dataset/v1``)::
+
+    DIR/manifest.json        counts, classes, sample shape, normalisation, sha256 of each file
+    DIR/train.safetensors    x: float32 [N, *sample_shape] (already normalised), y: int64 [N]
+    DIR/test.safetensors     same, the held-out split
+
+The folder is published atomically: it either does not exist or is complete. DIR may be a
+local path or an fsspec URL (``s3://bucket/prefix``); see :mod:`kubetrain.storage`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kubetrain import storage
+from kubetrain.artifacts.manifest import (
+    MANIFEST,
+    OBJECT,
+    POSITIVE,
+    REWRITE,
+    SHA256,
+    SHAPE,
+    TEXT,
+    WHOLE,
+    Rule,
+    check_fields,
+    check_file_records,
+    read_format_manifest,
+)
+from kubetrain.errors import IntegrityError, refusal_reason
+from kubetrain.storage.integrity import sha256_file
+
+FORMAT = "kubetrain.dataset/v1"
+SPLITS = ("train", "test")
+
+
+def write_dataset(
+    output_dir: storage.Location,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: list[str],
+    mean: list[float],
+    std: list[float],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """Write normalised ``(x, y)`` arrays per split and the manifest, then publish atomically."""
+    staged = storage.staging_dir(output_dir)
+    try:
+        manifest = _write_staged(staged, splits, classes, mean, std, provenance)
+        storage.publish_dir(staged, output_dir, MANIFEST)
+    except BaseException:
+        storage.discard_staging(staged)
+        raise
+    return manifest
+
+
+def _write_staged(
+    staged: Path,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: list[str],
+    mean: list[float],
+    std: list[float],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    from safetensors.numpy import save_file
+
+    split_entries = {}
+    for split, (x, y) in splits.items():
+        filename = f"{split}.safetensors"
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        y64 = np.ascontiguousarray(y, dtype=np.int64)
+        save_file({"x": x32, "y": y64}, str(staged / filename))
+        split_entries[split] = {
+            "file": filename,
+            "count": int(len(y64)),
+            "class_counts": np.bincount(y64, minlength=len(classes)).tolist(),
+            "sha256": sha256_file(staged / filename),
+        }
+    sample_shape = list(next(iter(splits.values()))[0].shape[1:])
+    manifest = {
+        "format": FORMAT,
+        "classes": classes,
+        "num_classes": len(classes),
+        "sample_shape": sample_shape,
+        "normalisation": {"mean": mean, "std": std},
+        "splits": split_entries,
+        **provenance,
+    }
+    (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+_FIELDS = {
+    "classes": Rule(
+        lambda value: isinstance(value, list) and all(isinstance(c, str) for c in value),
+        "a list of strings",
+    ),
+    "num_classes": POSITIVE,
+    "sample_shape": SHAPE,
+    "splits": OBJECT,
+}
+_SPLIT_FIELDS = {"file": TEXT, "count": WHOLE, "sha256": SHA256}
+
+
+def read_manifest(data_dir: storage.Location) -> dict[str, Any]:
+    """The manifest of a dataset folder, or of the one a pointer folder names; every malformed
+    field, and every split file against the manifest rule, is one IntegrityError."""
+    data_dir = storage.dereference(data_dir)
+    what = f"dataset {data_dir}"
+    manifest = read_format_manifest(
+        data_dir,
+        FORMAT,
+        what=what,
+        if_missing="; point --data at a folder written by `kubetrain prep`",
+        if_foreign="re-run `kubetrain prep`",
+    )
+    check_fields(manifest, _FIELDS, what, MANIFEST)
+    if len(manifest["classes"]) != manifest["num_classes"]:
+        raise IntegrityError(
+            f"{what}: {MANIFEST} names {len(manifest['classes'])} classes but says num_classes "
+            f"{manifest['num_classes']}; {REWRITE}"
+        )
+    check_file_records(
+        data_dir, manifest["splits"], _SPLIT_FIELDS, what, MANIFEST, "split", "splits"
+    )
+    return manifest
+
+
+def load_split(data_dir: storage.Location, split: str, verify: bool = True):
+    """Return ``(x, y)`` torch tensors of one split, checked against the manifest's sha256."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    data_dir = storage.dereference(data_dir)
+    manifest = read_manifest(data_dir)  # which holds the split's file to the manifest rule
+    entry = manifest["splits"].get(split)
+    if entry is None:
+        raise IntegrityError(
+            f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])})"
+        )
+    if verify:
+        storage.verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
+    try:
+        tensors = load(storage.read_bytes(storage.join(data_dir, entry["file"])))
+        x, y = tensors["x"], tensors["y"]
+    except (SafetensorError, KeyError) as exc:
+        raise IntegrityError(
+            f"dataset {data_dir}: {entry['file']} is not a dataset split "
+            f"({refusal_reason(exc)}); prepare the dataset again with `kubetrain prep`"
+        ) from None
+    if len(x) != entry["count"] or len(y) != entry["count"]:
+        raise IntegrityError(
+            f"dataset {data_dir}: split {split} has {len(x)} samples, "
+            f"manifest says {entry['count']}"
+        )
+    return x, y

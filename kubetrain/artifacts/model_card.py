@@ -1,0 +1,111 @@
+"""The collected-model folder: ``model.safetensors`` (the full state dict) and
+``model.json`` (the model card: provenance, training metrics, sha256 of the model file).
+
+The folder may be local, an fsspec URL (``s3://bucket/models/run``) or a KFP artifact folder
+holding only a ``LOCATION`` pointer to one (see :func:`kubetrain.storage.dereference`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kubetrain import storage
+from kubetrain.artifacts.manifest import (
+    MODEL_FIELDS,
+    OBJECT,
+    RECORDS,
+    REWRITE,
+    SHA256,
+    check_entry,
+    check_fields,
+    name_problem,
+    read_format_manifest,
+    shown,
+)
+from kubetrain.errors import IntegrityError
+
+if TYPE_CHECKING:  # torch only for loading; reading a card or copying a model needs none
+    import torch
+
+MODEL_FORMAT = "kubetrain.model/v1"
+MODEL_FILE = "model.safetensors"
+MODEL_CARD = "model.json"
+
+
+_CARD_FIELDS = {"sha256": SHA256, "model": OBJECT}
+
+
+def read_model_card(model_dir: storage.Location) -> dict[str, Any]:
+    """The card of a collected model, with the model file checked against its sha256. Every
+    malformed card is one IntegrityError; the model file is held to the manifest rule (a
+    regular file inside the folder) before it is read."""
+    folder = storage.dereference(model_dir)
+    what = f"model {folder}"
+    card = read_format_manifest(
+        folder,
+        MODEL_FORMAT,
+        what=what,
+        if_missing="; collect the model first",
+        if_foreign="collect the model with this kubetrain",
+        name=MODEL_CARD,
+    )
+    check_fields(card, _CARD_FIELDS, what, MODEL_CARD)
+    check_fields(card["model"], MODEL_FIELDS, what, MODEL_CARD, within="model.")
+    optional = {"metrics": RECORDS, "checkpoint_files": OBJECT}
+    check_fields(card, {key: optional[key] for key in optional if key in card}, what, MODEL_CARD)
+    # names in the source checkpoint, shown in reports: held to the rule by name alone
+    for name in card.get("checkpoint_files", {}):
+        if (problem := name_problem(name)) is not None:
+            raise IntegrityError(
+                f"{what}: {MODEL_CARD} lists the checkpoint file {shown(name)}, which "
+                f"{problem}; {REWRITE}"
+            )
+    model_file = storage.join(folder, check_entry(folder, MODEL_FILE, what, f"{MODEL_CARD} names"))
+    try:
+        actual = storage.sha256(model_file)
+    except FileNotFoundError:
+        raise IntegrityError(f"{what}: {MODEL_FILE} is missing; re-collect it") from None
+    if actual != card["sha256"]:
+        raise IntegrityError(f"{what}: {model_file} does not match its sha256; re-collect it")
+    return card
+
+
+def load_model_weights(model_dir: storage.Location) -> dict[str, torch.Tensor]:
+    """The state dict in ``model.safetensors`` (safetensors: no pickle, nothing executed)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load, load_file
+
+    model_file = storage.join(storage.dereference(model_dir), MODEL_FILE)
+    try:
+        if storage.is_local(model_file):
+            return load_file(str(model_file))
+        return dict(sorted(load(storage.read_bytes(model_file)).items()))
+    except SafetensorError as exc:
+        raise IntegrityError(
+            f"model file {model_file} is not a safetensors file ({exc}); refused unread, "
+            "re-collect it"
+        ) from exc
+
+
+def load_model(
+    model_dir: storage.Location,
+    card: dict[str, Any] | None = None,
+    model_factory: str | None = None,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The collected model rebuilt from its card, weights loaded, in eval mode; and the card
+    (read, sha256 checked, unless the caller already has it). A card naming custom code is
+    rebuilt only with ``model_factory``, the caller's explicit choice
+    (:func:`kubetrain.models.rebuild_model`)."""
+    from kubetrain.models import rebuild_model
+
+    card = card if card is not None else read_model_card(model_dir)
+    recorded = card["model"]
+    model = rebuild_model(recorded, model_factory, f"model {model_dir}")
+    try:
+        model.load_state_dict(load_model_weights(model_dir), strict=True)
+    except RuntimeError as exc:
+        # torch's message spans lines (missing and unexpected keys): keep the error one line.
+        detail = " ".join(str(exc).split())
+        built = model_factory or recorded["spec"]
+        message = f"model {model_dir} does not fit model {built!r}: {detail}; re-collect it"
+        raise IntegrityError(message) from exc
+    return model.eval(), card

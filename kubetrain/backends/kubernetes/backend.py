@@ -1,0 +1,435 @@
+"""The cluster backends: a job as a Kubeflow Trainer ``TrainJob`` (``trainer``) or, on clusters
+without the Trainer, as an Indexed Job + headless Service (``job``).
+
+From the steps' point of view they behave like the local backend: ``launch`` returns at once
+with the name, ``wait`` streams rank 0's log and ends Complete or Failed with the failing node's
+exit code, ``logs`` reads the node pods, ``delete`` leaves nothing running. On top of that:
+
+* launch checks everything before creating anything (the Trainer and its version, the
+  runtime, rendering), makes the pipeline run's Workflow the owner, and adopts a job a retried
+  step already created when its spec is the same;
+* wait learns of completion from a watch event, not by polling; fails early, with the pod's
+  events, on an image that cannot be pulled or a pod no node can take (after a grace period),
+  a crash loop or an out-of-memory kill; and on SIGTERM (a cancelled run) deletes or suspends
+  the job (``BackendOptions.on_cancel``) before exiting 143;
+* 403s name the missing permission, 5xx answers and dropped connections are retried (with
+  jitter, after the server's Retry-After); a DELETE whose answer was lost is not "not found".
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from functools import cached_property
+from typing import Any
+
+import kubernetes.client
+
+from kubetrain.backends import BackendOptions
+from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.cancel import Cancelled, signals_cancel
+from kubetrain.backends.kubernetes.client import (
+    Action,
+    ApiError,
+    NotFound,
+    RetryPolicy,
+    load_api_client,
+)
+from kubetrain.backends.kubernetes.kinds import KINDS, NODE, JobKind
+from kubetrain.backends.kubernetes.launch import (
+    TrainerNotInstalled,
+    adopt_or_refuse,
+    check_runtime,
+    create_or_adopt,
+    trainer_version,
+)
+from kubetrain.backends.kubernetes.logs import split_lines
+from kubetrain.backends.kubernetes.objects import KubeObjects
+from kubetrain.backends.kubernetes.owner import find_owner
+from kubetrain.backends.kubernetes.pods import (
+    PodProblem,
+    first_failure,
+    latest_by_node,
+    node_container,
+    node_statuses,
+)
+from kubetrain.backends.kubernetes.wait import Stalled, WaitSession, timestamp
+from kubetrain.backends.kubernetes.watch import WATCH_SECONDS
+from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
+from kubetrain.jobspec import TrainJobSpec
+from kubetrain.render import render_indexed_job, render_script_configmap, render_trainjob
+from kubetrain.render.metadata import JOB_NAME_LABEL, validate_namespace
+from kubetrain.render.pod import default_checkpoint_dir
+from kubetrain.render.script import script_configmap_name
+
+FAILURE_LOG_LINES = 20
+EVENTS_SHOWN = 5
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _event_time(event: kubernetes.client.CoreV1Event) -> float:
+    stamp = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
+    return stamp.timestamp() if stamp is not None else 0.0
+
+
+class KubernetesBackend:
+    """``kind`` "trainer" (a TrainJob) or "job" (Indexed Job + Service), in
+    ``options.namespace``. The client is created on first use (from the pod's ServiceAccount or
+    KUBECONFIG) unless ``api_client`` is given; the grace periods say how long a node pod may
+    fail to pull its image / be unschedulable before the wait gives up."""
+
+    def __init__(
+        self,
+        kind: str = "trainer",
+        options: BackendOptions | None = None,
+        api_client: kubernetes.client.ApiClient | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        image_pull_grace: float = 60.0,
+        unschedulable_grace: float = 300.0,
+        watch_seconds: int = WATCH_SECONDS,
+        warn: Callable[[str], None] = _stderr,
+    ) -> None:
+        if kind not in KINDS:
+            raise InvalidInput("backend", f"{kind!r} is not a cluster backend", "use trainer, job")
+        self.kind: JobKind = KINDS[kind]
+        self.options = (options or BackendOptions()).validate()
+        self._api_client = api_client
+        self.retry = retry or RetryPolicy()
+        self.image_pull_grace = image_pull_grace
+        self.unschedulable_grace = unschedulable_grace
+        self.watch_seconds = watch_seconds
+        self.warn = warn
+
+    @property
+    def namespace(self) -> str:
+        return self.options.namespace
+
+    @cached_property
+    def objects(self) -> KubeObjects:
+        return KubeObjects(self._api_client or load_api_client(), self.retry)
+
+    def grace_seconds(self, grace: str) -> float:
+        return {"image_pull": self.image_pull_grace, "unschedulable": self.unschedulable_grace}.get(
+            grace, 0.0
+        )
+
+    def default_checkpoint_dir(self, name: str) -> str:
+        """``/mnt/shared/checkpoints/<name>``: on the shared PVC our runtimes mount at
+        /mnt/shared in every node, so rank 0 writes where the collect step reads."""
+        return default_checkpoint_dir(name)
+
+    # ------------------------------------------------------------------------ launch
+    def launch(self, spec: TrainJobSpec) -> str:
+        spec = spec.validate()
+        namespace = validate_namespace(self.namespace)
+        version = ""
+        if self.kind.backend == "trainer":
+            version = trainer_version(
+                self.objects, self.options.trainer_version, namespace, self.warn
+            )
+            check_runtime(self.objects, spec, namespace, self.warn)
+        elif spec.max_restarts:
+            raise InvalidInput(
+                "max_restarts",
+                "the job backend cannot restart every node together (a JobSet can)",
+                "use --backend trainer with a runtime whose failurePolicy allows restarts, "
+                "or --max-restarts 0",
+            )
+        owner = find_owner(self.objects, namespace, self.warn)
+        rendered = self.render(spec, version, owner)
+        job = rendered[-1]
+        try:
+            existing = self.objects.get(job["apiVersion"], job["kind"], spec.name, namespace)
+        except NotFound:
+            create_or_adopt(self.objects, rendered, spec.name, self.kind.backend, namespace)
+            return spec.name
+        adopt_or_refuse(existing, job, self.kind.backend, namespace)
+        state, _, _ = self.kind.state(existing)
+        self.warn(
+            f"kubetrain: {self.kind.kind} {spec.name} already exists with this spec (a retried "
+            f"launch); using it (state {state})"
+        )
+        return spec.name
+
+    def render(
+        self, spec: TrainJobSpec, trainer_version: str, owner: dict[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """Every object of the job, in creation order (the job's own object last)."""
+        rendered = []
+        if spec.script:
+            rendered.append(render_script_configmap(spec, self.namespace, owner=owner))
+        if self.kind.backend == "trainer":
+            rendered.append(
+                render_trainjob(
+                    spec, namespace=self.namespace, trainer_version=trainer_version, owner=owner
+                )
+            )
+        else:
+            rendered += render_indexed_job(spec, namespace=self.namespace, owner=owner)
+        return rendered
+
+    # ------------------------------------------------------------------------ status
+    def get_job(self, name: str) -> dict[str, Any]:
+        try:
+            return self.objects.get(self.kind.api_version, self.kind.kind, name, self.namespace)
+        except NotFound as missing:
+            raise self._no_such_job(name, missing) from None
+
+    def _no_such_job(self, name: str, missing: NotFound) -> KubetrainError:
+        if missing.resource_missing and self.kind.backend == "trainer":
+            return TrainerNotInstalled()
+        return JobNotFound(
+            f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; check the name "
+            f"and --namespace (`kubectl get {self.kind.plural} -n {self.namespace}`)"
+        )
+
+    def list_pods(self, name: str) -> list[kubernetes.client.V1Pod]:
+        action = Action("list", "pods", namespace=self.namespace)
+        listing = self.objects.call(
+            action,
+            self.objects.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=self.kind.pod_selector(name),
+        )
+        return list(listing.items)
+
+    def status(self, name: str) -> JobStatus:
+        job = self.get_job(name)
+        pods = self.list_pods(name)
+        state, reason, message = self.kind.state(job)
+        if state not in TERMINAL_STATES and any(
+            pod.status and pod.status.phase == "Running" for pod in pods
+        ):
+            state = RUNNING
+        failure = first_failure(pods) if state == FAILED else None
+        return JobStatus(
+            name=name,
+            state=state,
+            reason=reason,
+            message=message,
+            nodes=node_statuses(pods),
+            failed_rank=failure[0] if failure else None,
+            created_at=timestamp(job.get("metadata", {}).get("creationTimestamp")),
+        )
+
+    # -------------------------------------------------------------------------- wait
+    def wait(
+        self,
+        name: str,
+        timeout: float | None = None,
+        on_log_line: Callable[[str], None] | None = None,
+        stall_timeout: float | None = None,
+    ) -> JobStatus:
+        """Follow the job to its end (see ``WaitSession``). With ``stall_timeout``, a running
+        job that prints no rank-0 log line for that long is stopped as a cancelled wait
+        stops it (``options.on_cancel``) and reported as ``JobStalled`` (exit 3)."""
+        with signals_cancel() as cancel:
+            session = WaitSession(
+                self,
+                name,
+                timeout=timeout,
+                on_log_line=on_log_line,
+                cancel=cancel,
+                stall_timeout=stall_timeout,
+            )
+            try:
+                return session.run()
+            except Stalled as stalled:
+                outcome = self.release(name)
+                raise JobStalled(
+                    f"{self.kind.kind} {name} made no progress: no log line from rank 0 for "
+                    f"{stalled.seconds:g}s while running (a stopped or hung rank); {outcome}; "
+                    f"look at `kubetrain logs --backend {self.kind.backend} {name}`, or raise "
+                    "--stall-timeout if the job may rightly be silent that long"
+                ) from None
+            except Cancelled as cancelled:
+                outcome = self.release(name)
+                raise KubetrainError(
+                    f"stopped waiting for {self.kind.kind} {name}: cancelled by {cancelled}; "
+                    f"{outcome}",
+                    exit_code=128 + cancelled.signum,
+                ) from None
+
+    def release(self, name: str) -> str:
+        """Stop a job we give up on (``options.on_cancel``): delete or suspend it. Returns what
+        was done, for the message; never raises."""
+        try:
+            if self.options.on_cancel == "suspend":
+                self.objects.patch(
+                    self.kind.api_version,
+                    self.kind.kind,
+                    name,
+                    self.namespace,
+                    {"spec": {"suspend": True}},
+                )
+                return (
+                    f"suspended {self.kind.kind} {name} (delete it with `kubetrain delete "
+                    f"--backend {self.kind.backend} --namespace {self.namespace} {name}`)"
+                )
+            self.delete(name)
+            return f"deleted {self.kind.kind} {name} and its pods"
+        except KubetrainError as error:
+            return (
+                f"could not {self.options.on_cancel} {self.kind.kind} {name} ({error}); remove "
+                f"it with `kubetrain delete --backend {self.kind.backend} --namespace "
+                f"{self.namespace} {name}`"
+            )
+
+    def fail_early(self, name: str, problem: PodProblem, status: JobStatus) -> JobStatus:
+        """A pod problem that will not go away: explain it (events, last log lines), release
+        the job so it holds no resources, and report it as Failed."""
+        events = self.pod_events(problem.pod)
+        tail = self.read_log(problem.pod, FAILURE_LOG_LINES) if problem.exit_code else []
+        outcome = self.release(name)
+        message = problem.message
+        if events:
+            message += f"; events: {events}"
+        status.state, status.reason = FAILED, problem.reason
+        status.message = f"{message}; {outcome}, since it cannot finish by itself"
+        status.failed_rank = problem.node
+        for node in status.nodes:
+            if node.rank == problem.node and problem.exit_code is not None:
+                node.exit_code = problem.exit_code
+        status.log_tail = tail
+        return status
+
+    def pod_events(self, pod: str) -> str:
+        """The pod's latest events as "Reason: message; ..." (best effort)."""
+        action = Action("list", "events", namespace=self.namespace)
+        try:
+            listing = self.objects.call(
+                action,
+                self.objects.core.list_namespaced_event,
+                self.namespace,
+                field_selector=f"involvedObject.name={pod}",
+            )
+        except ApiError:
+            return ""
+        events = sorted(listing.items, key=_event_time)
+        return "; ".join(f"{e.reason}: {e.message}" for e in events[-EVENTS_SHOWN:])
+
+    # -------------------------------------------------------------------------- logs
+    def read_log(self, pod: str, tail_lines: int | None = None) -> list[str]:
+        """A pod's node-container log, or its previous run's while it waits to restart."""
+        action = Action("get", "pods/log", name=pod, namespace=self.namespace)
+        previous = False
+        try:
+            current = self.objects.call(
+                Action("get", "pods", name=pod, namespace=self.namespace),
+                self.objects.core.read_namespaced_pod,
+                pod,
+                self.namespace,
+            )
+            status = node_container(current)
+            previous = bool(
+                status and status.state and status.state.waiting and status.restart_count
+            )
+            extra = {"tail_lines": tail_lines} if tail_lines else {}
+            response = self.objects.call(
+                action,
+                self.objects.core.read_namespaced_pod_log,
+                pod,
+                self.namespace,
+                container=NODE,
+                previous=previous,
+                _preload_content=False,
+                **extra,
+            )
+        except NotFound:
+            return []
+        except ApiError as error:
+            if error.status == 400:  # not started yet
+                return []
+            raise
+        return list(split_lines([response.data]))
+
+    def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
+        if follow:
+            yield from self._follow_logs(name, node)
+            return
+        self.get_job(name)
+        pods = latest_by_node(self.list_pods(name))
+        if node is not None and node not in pods:
+            raise KubetrainError(
+                f"node {node} of {self.kind.kind} {name} has no pod (yet); nodes with pods: "
+                f"{sorted(pods) or 'none'}"
+            )
+        nodes = [node] if node is not None else sorted(pods)
+        for index in nodes:
+            for line in self.read_log(pods[index].metadata.name):
+                yield f"[node-{index}] {line}" if len(nodes) > 1 else line
+
+    def _follow_logs(self, name: str, node: int | None) -> Iterator[str]:
+        """Lines of one node (or all, prefixed) as they come, until the job ends."""
+        nodes = (node,) if node is not None else tuple(range(self._node_count(name)))
+        lines: queue.Queue = queue.Queue()
+        done = object()
+        session = WaitSession(
+            self,
+            name,
+            timeout=None,
+            on_log_line=lines.put,
+            log_nodes=nodes,
+            prefix_lines=len(nodes) > 1,
+            fail_early=False,
+        )
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                session.run()
+            except BaseException as error:  # re-raised in the consuming thread
+                errors.append(error)
+            finally:
+                lines.put(done)
+
+        thread = threading.Thread(target=run, name="logs-follow", daemon=True)
+        thread.start()
+        try:
+            while (line := lines.get()) is not done:
+                yield line
+        finally:
+            session.stop()
+        if errors:
+            raise errors[0]
+
+    def _node_count(self, name: str) -> int:
+        spec = self.get_job(name).get("spec") or {}
+        count = (spec.get("trainer") or {}).get("numNodes") or spec.get("completions") or 1
+        return int(count)
+
+    # ------------------------------------------------------------------------ delete
+    def delete(self, name: str) -> None:
+        """The job (its pods go with it: foreground deletion), then its Service and script
+        ConfigMap when they are ours."""
+        deleted = False
+        try:
+            self.objects.delete(
+                self.kind.api_version, self.kind.kind, name, self.namespace, "Foreground"
+            )
+            deleted = True
+        except NotFound as missing:
+            if missing.resource_missing and self.kind.backend == "trainer":
+                raise self._no_such_job(name, missing) from None
+        extras = [("v1", "ConfigMap", script_configmap_name(name))]
+        if self.kind.backend == "job":
+            extras.append(("v1", "Service", name))
+        for api_version, kind, extra in extras:
+            try:
+                obj = self.objects.get(api_version, kind, extra, self.namespace)
+                if (obj.get("metadata", {}).get("labels") or {}).get(JOB_NAME_LABEL) == name:
+                    self.objects.delete(api_version, kind, extra, self.namespace, "Background")
+                    deleted = True
+            except NotFound:
+                continue
+        if not deleted:
+            raise JobNotFound(
+                f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; nothing to "
+                "delete: check the name and --namespace, or pass --ignore-not-found"
+            )

@@ -1,0 +1,320 @@
+"""Launching on a cluster: everything is checked before anything is created (the Trainer is
+installed and which version, the runtime exists), then the objects are created in order; a job
+that a retried step already created is adopted when its spec is the same, and refused, with
+what differs, when it is not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client import ApiextensionsV1Api
+
+from kubetrain.backends.kubernetes.client import Action, AlreadyExists, NotFound, PermissionDenied
+from kubetrain.backends.kubernetes.kinds import TRAINER_API_VERSION, TRAINER_GROUP, TRAINJOB_CRD
+from kubetrain.backends.kubernetes.objects import KubeObjects
+from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.jobspec import TrainJobSpec
+from kubetrain.render.metadata import (
+    JOB_NAME_LABEL,
+    SCRIPT_SHA256_ANNOTATION,
+    SPEC_ANNOTATION,
+    SPEC_SHA256_ANNOTATION,
+)
+from kubetrain.render.trainjob import LATEST_VERSION
+
+TRAINER_INSTALL = (
+    "install it (https://www.kubeflow.org/docs/components/trainer/operator-guides/installation/, "
+    "then `kubectl apply -k runtimes/`) or launch with --backend job (an Indexed Job + headless "
+    "Service, no Trainer needed)"
+)
+MAX_DIFFERENCES = 5
+
+
+class TrainerNotInstalled(KubetrainError):
+    """The cluster does not serve Kubeflow Trainer's TrainJob API."""
+
+    def __init__(self, detail: str = "") -> None:
+        reason = f" ({detail})" if detail else ""
+        super().__init__(
+            f"Kubeflow Trainer is not installed on this cluster: it has no {TRAINJOB_CRD} "
+            f"CRD{reason}; {TRAINER_INSTALL}"
+        )
+
+
+def version_from_crd(crd: dict[str, Any], warn: Callable[[str], None]) -> str:
+    """The TrainJob form a CRD accepts: ``runtimePatches`` (v2.2+) or ``podTemplateOverrides``."""
+    versions = [
+        v
+        for v in (crd.get("spec") or {}).get("versions") or []
+        if v.get("name") == TRAINER_API_VERSION and v.get("served", True)
+    ]
+    if not versions:
+        raise TrainerNotInstalled(f"its CRD does not serve {TRAINER_GROUP}/{TRAINER_API_VERSION}")
+    schema = json.dumps(versions[0].get("schema") or {})
+    if '"runtimePatches"' in schema:
+        return LATEST_VERSION
+    if '"podTemplateOverrides"' in schema:
+        return "2.1"
+    warn(
+        "kubetrain: the TrainJob CRD has neither runtimePatches nor podTemplateOverrides; "
+        f"rendering the {LATEST_VERSION} form (pass --trainer-version to choose)"
+    )
+    return LATEST_VERSION
+
+
+def trainer_version(
+    objects: KubeObjects, requested: str, namespace: str, warn: Callable[[str], None]
+) -> str:
+    """Check that the Trainer is installed and resolve ``requested`` ("auto" reads the CRD)."""
+    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", TRAINJOB_CRD)
+    api = ApiextensionsV1Api(objects.api_client)
+    try:
+        response = objects.call(
+            action, api.read_custom_resource_definition, TRAINJOB_CRD, _preload_content=False
+        )
+        crd = json.loads(response.data)
+    except NotFound:
+        raise TrainerNotInstalled() from None
+    except PermissionDenied as denied:
+        # Reading CRDs needs a ClusterRole; the TrainJob API itself says whether it is served.
+        _probe_trainjobs(objects, namespace)
+        if requested == "auto":
+            warn(
+                f"kubetrain: cannot read the TrainJob CRD ({denied.action}), so the Trainer "
+                f"version is unknown; rendering the {LATEST_VERSION} form (pass "
+                "--trainer-version, or apply runtimes/rbac.yaml)"
+            )
+            return LATEST_VERSION
+        return requested
+    return version_from_crd(crd, warn) if requested == "auto" else requested
+
+
+def _probe_trainjobs(objects: KubeObjects, namespace: str) -> None:
+    action = Action("list", "trainjobs", TRAINER_GROUP, namespace=namespace)
+    try:
+        objects.call(
+            action,
+            objects.custom.list_namespaced_custom_object,
+            TRAINER_GROUP,
+            TRAINER_API_VERSION,
+            namespace,
+            "trainjobs",
+            limit=1,
+        )
+    except NotFound as missing:
+        if missing.resource_missing:
+            raise TrainerNotInstalled() from None
+        raise
+
+
+def _runtime_names(objects: KubeObjects, namespace: str) -> list[str]:
+    """The runtimes that exist, as "kind/name"; those we may not list are left out."""
+    names: list[str] = []
+    listings = (
+        ("ClusterTrainingRuntime", "clustertrainingruntimes", None),
+        ("TrainingRuntime", "trainingruntimes", namespace),
+    )
+    for kind, plural, ns in listings:
+        action = Action("list", plural, TRAINER_GROUP, namespace=ns or "")
+        try:
+            if ns is None:
+                listing = objects.call(
+                    action,
+                    objects.custom.list_cluster_custom_object,
+                    TRAINER_GROUP,
+                    TRAINER_API_VERSION,
+                    plural,
+                )
+            else:
+                listing = objects.call(
+                    action,
+                    objects.custom.list_namespaced_custom_object,
+                    TRAINER_GROUP,
+                    TRAINER_API_VERSION,
+                    ns,
+                    plural,
+                )
+        except (NotFound, PermissionDenied):
+            continue
+        names += [f"{kind} {item['metadata']['name']}" for item in listing.get("items") or []]
+    return sorted(names)
+
+
+def check_runtime(
+    objects: KubeObjects, spec: TrainJobSpec, namespace: str, warn: Callable[[str], None]
+) -> None:
+    """The runtime the TrainJob refers to must exist (else say which ones do) and allow the
+    restarts the spec asks for."""
+    runtime = spec.runtime
+    cluster_scoped = runtime.kind == "ClusterTrainingRuntime"
+    plural = "clustertrainingruntimes" if cluster_scoped else "trainingruntimes"
+    action = Action("get", plural, TRAINER_GROUP, runtime.name, "" if cluster_scoped else namespace)
+    try:
+        if cluster_scoped:
+            found = objects.call(
+                action,
+                objects.custom.get_cluster_custom_object,
+                TRAINER_GROUP,
+                TRAINER_API_VERSION,
+                plural,
+                runtime.name,
+            )
+        else:
+            found = objects.call(
+                action,
+                objects.custom.get_namespaced_custom_object,
+                TRAINER_GROUP,
+                TRAINER_API_VERSION,
+                namespace,
+                plural,
+                runtime.name,
+            )
+    except NotFound as missing:
+        if missing.resource_missing:
+            raise TrainerNotInstalled(f"no {plural} API") from None
+        where = "" if cluster_scoped else f" in namespace {namespace}"
+        existing = _runtime_names(objects, namespace)
+        fix = (
+            f"use one that exists with --runtime NAME (and --runtime-kind): {', '.join(existing)}"
+            if existing
+            else "none exist: install ours with `kubectl apply -k runtimes/`"
+        )
+        raise InvalidInput(
+            "runtime", f"there is no {runtime.kind} named {runtime.name!r}{where}", fix
+        ) from None
+    check_restarts(found, spec, warn)
+
+
+def check_restarts(
+    runtime: dict[str, Any], spec: TrainJobSpec, warn: Callable[[str], None]
+) -> None:
+    """Restarts of a TrainJob are the runtime's JobSet ``failurePolicy.maxRestarts`` (Trainer
+    v2.3's runtimePatches cannot change it): refuse a job asking for more than it allows, and
+    say so when it will restart more often than asked."""
+    jobset = runtime.get("spec", {}).get("template", {}).get("spec", {})
+    allowed = (jobset.get("failurePolicy") or {}).get("maxRestarts", 0)
+    if allowed > spec.max_restarts:
+        warn(
+            f"{spec.runtime.kind} {spec.runtime.name} restarts a failed job up to {allowed} "
+            f"times (failurePolicy.maxRestarts); --max-restarts {spec.max_restarts} cannot "
+            "lower that"
+        )
+    if allowed < spec.max_restarts:
+        raise InvalidInput(
+            "max_restarts",
+            f"{spec.max_restarts} restarts asked, but {spec.runtime.kind} {spec.runtime.name} "
+            f"allows {allowed} (spec.template.spec.failurePolicy.maxRestarts)",
+            "use a runtime whose JobSet failurePolicy allows them (runtimes/README.md shows "
+            "how) or a lower --max-restarts",
+        )
+
+
+# ---------------------------------------------------------------- adopting or refusing
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def spec_differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """Field-by-field differences between two ``TrainJobSpec.to_dict()`` values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                found.append(f"{where}: (unset) -> {_short(new[key])}")
+            elif key not in new:
+                found.append(f"{where}: {_short(old[key])} -> (unset)")
+            else:
+                found += spec_differences(old[key], new[key], where)
+        return found
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        found = []
+        for index, (a, b) in enumerate(zip(old, new, strict=True)):
+            found += spec_differences(a, b, f"{path}[{index}]")
+        return found
+    return [] if old == new else [f"{path}: {_short(old)} -> {_short(new)}"]
+
+
+def adopt_or_refuse(
+    existing: dict[str, Any], rendered: dict[str, Any], backend: str, namespace: str
+) -> None:
+    """Return (adopt) when ``existing`` is the job ``rendered`` describes; else InvalidInput
+    naming what differs."""
+    theirs = existing.get("metadata", {}).get("annotations") or {}
+    ours = rendered["metadata"].get("annotations") or {}
+    keys = (SPEC_SHA256_ANNOTATION, SCRIPT_SHA256_ANNOTATION)
+    if theirs.get(SPEC_SHA256_ANNOTATION) and all(theirs.get(k) == ours.get(k) for k in keys):
+        return
+    kind, name = rendered["kind"], rendered["metadata"]["name"]
+    fix = (
+        f"delete it first (`kubetrain delete --backend {backend} --namespace {namespace} {name}`) "
+        "or choose another --name"
+    )
+    if not theirs.get(SPEC_SHA256_ANNOTATION):
+        raise InvalidInput(
+            "name",
+            f"a {kind} named {name!r} already exists in namespace {namespace} and was not "
+            "created by kubetrain",
+            fix,
+        )
+    try:
+        differences = spec_differences(
+            json.loads(theirs.get(SPEC_ANNOTATION, "{}")), json.loads(ours[SPEC_ANNOTATION])
+        )
+    except ValueError:
+        differences = ["its kubetrain.io/spec annotation is unreadable"]
+    if theirs.get(SCRIPT_SHA256_ANNOTATION) != ours.get(SCRIPT_SHA256_ANNOTATION):
+        differences.append("script: the file's content changed")
+    shown = differences[:MAX_DIFFERENCES]
+    if len(differences) > MAX_DIFFERENCES:
+        shown.append(f"and {len(differences) - MAX_DIFFERENCES} more")
+    raise InvalidInput(
+        "name",
+        f"a {kind} named {name!r} already exists in namespace {namespace} with a different "
+        f"spec ({'; '.join(shown)})",
+        fix,
+    )
+
+
+def _ours(obj: dict[str, Any], job: str) -> bool:
+    return (obj.get("metadata", {}).get("labels") or {}).get(JOB_NAME_LABEL) == job
+
+
+def create_or_adopt(
+    objects: KubeObjects,
+    rendered: list[dict[str, Any]],
+    job: str,
+    backend: str,
+    namespace: str,
+) -> None:
+    """Create ``rendered`` in order (the job's own object last); on AlreadyExists, keep what
+    is the same, replace a leftover script ConfigMap of ours, refuse anything else."""
+    for obj in rendered:
+        try:
+            objects.create(obj)
+            continue
+        except AlreadyExists:
+            pass
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        existing = objects.get(obj["apiVersion"], kind, name, namespace)
+        if kind == "ConfigMap" and _ours(existing, job):
+            same = (existing.get("metadata", {}).get("annotations") or {}).get(
+                SCRIPT_SHA256_ANNOTATION
+            ) == obj["metadata"]["annotations"].get(SCRIPT_SHA256_ANNOTATION)
+            if not same:  # a failed launch's leftover (immutable: replace it)
+                objects.delete(obj["apiVersion"], kind, name, namespace, "Background")
+                objects.create(obj)
+            continue
+        if kind == "Service" and _ours(existing, job):
+            continue
+        if kind in ("ConfigMap", "Service"):
+            raise InvalidInput(
+                "name",
+                f"a {kind} named {name!r} already exists in namespace {namespace} and was not "
+                "created by kubetrain for this job",
+                "choose another --name",
+            )
+        adopt_or_refuse(existing, obj, backend, namespace)

@@ -1,0 +1,198 @@
+"""Reading a job's node pods: which node a pod is, how its container ended, and the problems
+that mean a job will never finish by itself (an image that cannot be pulled, a crash loop, an
+out-of-memory kill, a pod no node can take)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kubernetes.client import V1ContainerStateTerminated, V1ContainerStatus, V1Pod
+
+from kubetrain.backends.base import NodeStatus
+from kubetrain.backends.kubernetes.kinds import COMPLETION_INDEX, JOB_INDEX_LABEL, NODE
+
+#: Waiting reasons of a container whose image cannot be pulled.
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "RegistryUnavailable")
+#: Waiting reasons of a container the kubelet cannot create (a missing Secret/ConfigMap...).
+CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
+OOM = "OOMKilled"
+
+
+def node_index(pod: V1Pod) -> int | None:
+    """The node (torchrun node rank) a pod runs: its completion index, from the label or, on
+    clusters older than 1.28, the annotation; None for pods of another replicated job index."""
+    metadata = pod.metadata
+    labels = metadata.labels or {}
+    if labels.get(JOB_INDEX_LABEL, "0") != "0":
+        return None
+    value = labels.get(COMPLETION_INDEX) or (metadata.annotations or {}).get(COMPLETION_INDEX)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def node_container(pod: V1Pod, name: str = NODE) -> V1ContainerStatus | None:
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return next((s for s in statuses if s.name == name), statuses[0] if statuses else None)
+
+
+def container_image(pod: V1Pod, name: str = NODE) -> str:
+    containers = pod.spec.containers if pod.spec else []
+    spec = next((c for c in containers if c.name == name), containers[0] if containers else None)
+    return spec.image if spec is not None else ""
+
+
+def _last_termination(pod: V1Pod) -> V1ContainerStateTerminated | None:
+    """How the node container's current run ended, else how its previous run did."""
+    status = node_container(pod)
+    if status is None:
+        return None
+    for state in (status.state, status.last_state):
+        if state is not None and state.terminated is not None:
+            return state.terminated
+    return None
+
+
+def exit_code(pod: V1Pod) -> int | None:
+    """The node container's exit code once it has terminated (this run, else the last one)."""
+    ended = _last_termination(pod)
+    return ended.exit_code if ended is not None else None
+
+
+def started(pod: V1Pod) -> bool:
+    """Whether the node container's current run has a log to read: it runs, or has ended.
+    (While it waits to restart, the log served is the previous run's, already printed.)"""
+    status = node_container(pod)
+    if status is None or status.state is None:
+        return False
+    return bool(status.state.running or status.state.terminated)
+
+
+def terminated(pod: V1Pod) -> bool:
+    status = node_container(pod)
+    return bool(status and status.state and status.state.terminated)
+
+
+def instance(pod: V1Pod) -> tuple[str, int]:
+    """One run of the node container: (pod uid, restart count). A restart or a new pod is a
+    new instance whose log starts empty."""
+    status = node_container(pod)
+    return pod.metadata.uid or pod.metadata.name, status.restart_count if status else 0
+
+
+def latest_by_node(pods: Iterable[V1Pod]) -> dict[int, V1Pod]:
+    """Per node, the newest pod (a replaced pod's successor wins)."""
+    latest: dict[int, V1Pod] = {}
+    for pod in pods:
+        index = node_index(pod)
+        if index is None:
+            continue
+        current = latest.get(index)
+        if current is None or _created(pod) >= _created(current):
+            latest[index] = pod
+    return latest
+
+
+def _created(pod: V1Pod) -> float:
+    stamp = pod.metadata.creation_timestamp
+    return stamp.timestamp() if stamp is not None else 0.0
+
+
+def node_statuses(pods: Iterable[V1Pod]) -> list[NodeStatus]:
+    return [
+        NodeStatus(rank=index, exit_code=exit_code(pod), log=pod.metadata.name)
+        for index, pod in sorted(latest_by_node(pods).items())
+    ]
+
+
+def first_failure(pods: Iterable[V1Pod]) -> tuple[int, int] | None:
+    """(node, exit code) of the node container that failed first, by finish time."""
+    failures = []
+    for index, pod in latest_by_node(pods).items():
+        ended = _last_termination(pod)
+        if ended is not None and ended.exit_code:
+            finished = ended.finished_at.timestamp() if ended.finished_at else float("inf")
+            failures.append((finished, index, ended.exit_code))
+    if not failures:
+        return None
+    _, index, code = min(failures)
+    return index, code
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why a node pod will not get anywhere by itself; ``grace`` names the wait's grace period
+    it is given (``"image_pull"``, ``"unschedulable"``) or is empty to fail at once."""
+
+    reason: str
+    message: str
+    pod: str
+    node: int
+    grace: str = ""
+    exit_code: int | None = None
+
+
+def diagnose(pod: V1Pod) -> PodProblem | None:
+    index = node_index(pod)
+    if index is None:
+        return None
+    name = pod.metadata.name
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if (
+            condition.type == "PodScheduled"
+            and condition.status == "False"
+            and condition.reason == "Unschedulable"
+        ):
+            return PodProblem(
+                "Unschedulable",
+                f"node {index}'s pod {name} cannot be scheduled: {condition.message}",
+                name,
+                index,
+                grace="unschedulable",
+            )
+    status = node_container(pod)
+    if status is None or status.state is None:
+        return None
+    waiting = status.state.waiting
+    if waiting is not None and waiting.reason in PULL_REASONS + ("InvalidImageName",):
+        image = container_image(pod) or status.image
+        detail = f": {waiting.message}" if waiting.message else ""
+        return PodProblem(
+            waiting.reason,
+            f"node {index} cannot pull image {image} ({waiting.reason}){detail}",
+            name,
+            index,
+            grace="" if waiting.reason == "InvalidImageName" else "image_pull",
+        )
+    if waiting is not None and waiting.reason in CONFIG_REASONS:
+        return PodProblem(
+            waiting.reason,
+            f"node {index}'s container cannot be created ({waiting.reason}): {waiting.message}",
+            name,
+            index,
+            grace="image_pull",
+        )
+    for state in (status.state, status.last_state):
+        ended = state.terminated if state is not None else None
+        if ended is not None and ended.reason == OOM:
+            return PodProblem(
+                OOM,
+                f"node {index} ran out of memory (OOMKilled, exit code {ended.exit_code}); "
+                "give it more with --memory or lower the batch size",
+                name,
+                index,
+                exit_code=ended.exit_code or 137,
+            )
+    if waiting is not None and waiting.reason == "CrashLoopBackOff":
+        code = exit_code(pod)
+        return PodProblem(
+            "CrashLoopBackOff",
+            f"node {index} keeps crashing (restarted {status.restart_count} times, last exit "
+            f"code {code})",
+            name,
+            index,
+            exit_code=code,
+        )
+    return None

@@ -1,0 +1,345 @@
+"""Following a job on a cluster to its end: the job object and its node pods are watched
+(``kube_watch``), node logs streamed (``kube_logs``), and one thread decides.
+
+The job is Complete or Failed when its conditions say so, as a watch event reports it. Before
+that, the pods may show it will never finish by itself: an image that cannot be pulled or a
+pod no node can take (after a grace period), a crash loop or an out-of-memory kill (at once);
+then the wait fails early with the reason and the pod's events. The failing node's exit code
+comes from its container's termination as the pod watch saw it, even if the pod is gone later.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client import V1Pod
+
+from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.cancel import Cancelled, CancelRequest
+from kubetrain.backends.kubernetes.client import Action
+from kubetrain.backends.kubernetes.logs import LogFollower
+from kubetrain.backends.kubernetes.pods import (
+    PodProblem,
+    diagnose,
+    first_failure,
+    latest_by_node,
+    node_statuses,
+    terminated,
+)
+from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
+from kubetrain.errors import KubetrainError
+
+if TYPE_CHECKING:
+    from kubetrain.backends.kubernetes.backend import KubernetesBackend
+
+#: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
+TICK_SECONDS = 0.2
+#: How long a finished job's log streams get to deliver their last lines.
+LOG_DRAIN_SECONDS = 15.0
+#: ... and when the wait fails early (a crash-looping node may keep restarting meanwhile).
+EARLY_FAILURE_DRAIN_SECONDS = 2.0
+JOB, PODS = "job", "pods"
+
+
+def timestamp(value: str | None) -> float:
+    """Seconds since the epoch of an API timestamp (RFC 3339, UTC); 0 when absent."""
+    if not value:
+        return 0.0
+    parsed = datetime.datetime.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")
+    return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+class Stalled(Exception):
+    """The running job showed no progress for ``seconds``; the backend stops it and reports
+    ``JobStalled``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no progress for {seconds:g}s")
+        self.seconds = seconds
+
+
+class WaitSession:
+    """One wait (or one ``logs --follow``): start the watchers, decide, clean up."""
+
+    def __init__(
+        self,
+        backend: KubernetesBackend,
+        name: str,
+        *,
+        timeout: float | None,
+        on_log_line: Callable[[str], None] | None,
+        log_nodes: tuple[int, ...] = (0,),
+        prefix_lines: bool = False,
+        cancel: CancelRequest | None = None,
+        fail_early: bool = True,
+        stall_timeout: float | None = None,
+    ) -> None:
+        self.backend = backend
+        self.name = name
+        self.kind = backend.kind
+        self.namespace = backend.namespace
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
+        self.cancel = cancel or CancelRequest()
+        self.fail_early = fail_early
+        self.events: queue.Queue = queue.Queue()
+        self.stopped = threading.Event()
+        self.job: dict[str, Any] | None = None
+        self.job_seen = False
+        self.job_deleted = False
+        self.pods: dict[str, V1Pod] = {}
+        self.failure: tuple[int, int] | None = None  # (node, exit code) of the first failure
+        self.problem_since: dict[tuple[str, str], float] = {}
+        self.watchers = [self._job_watcher(), self._pod_watcher()]
+        self.followers: dict[int, LogFollower] = {}
+        self.stall_timeout = stall_timeout
+        #: Since when the running job has shown no progress (None while it is not running).
+        self.quiet_since: float | None = None
+        if stall_timeout is not None and on_log_line is None:
+            on_log_line, log_nodes = (lambda line: None), (0,)  # follow rank 0 to see progress
+        if on_log_line is not None:
+            for node in log_nodes:
+                line_to = self._prefixed(on_log_line, node) if prefix_lines else on_log_line
+                if node == 0 and stall_timeout is not None:
+                    line_to = self._noting_progress(line_to)
+                self.followers[node] = LogFollower(
+                    backend.objects.core,
+                    self.namespace,
+                    line_to,
+                    retry=backend.retry,
+                    warn=backend.warn,
+                )
+
+    def _noting_progress(self, on_line: Callable[[str], None]) -> Callable[[str], None]:
+        def noted(line: str) -> None:
+            self.quiet_since = time.monotonic()
+            on_line(line)
+
+        return noted
+
+    def _stalled(self) -> bool:
+        """Whether the job has been running with no new rank-0 log line for stall_timeout
+        (time spent pending or restarting does not count; a log that cannot be read at all,
+        e.g. no permission on pods/log, is no sign of a stall)."""
+        if self.stall_timeout is None:
+            return False
+        follower = self.followers.get(0)
+        if follower is None or not follower.is_alive():
+            return False  # rank 0's log cannot be read (it said why): no progress to judge
+        if self._current_state() != RUNNING:
+            self.quiet_since = None
+            return False
+        now = time.monotonic()
+        if self.quiet_since is None:
+            self.quiet_since = now
+        return now - self.quiet_since > self.stall_timeout
+
+    @staticmethod
+    def _prefixed(on_line: Callable[[str], None], node: int) -> Callable[[str], None]:
+        return lambda line: on_line(f"[node-{node}] {line}")
+
+    def _job_watcher(self) -> ListWatcher:
+        kind = self.kind
+        return ListWatcher(
+            JOB,
+            self.events,
+            Action("watch", kind.plural, kind.group, self.name, self.namespace),
+            self.backend.objects.custom.list_namespaced_custom_object,
+            kind.group,
+            kind.version,
+            self.namespace,
+            kind.plural,
+            retry=self.backend.retry,
+            watch_seconds=self.backend.watch_seconds,
+            field_selector=f"metadata.name={self.name}",
+        )
+
+    def _pod_watcher(self) -> ListWatcher:
+        return ListWatcher(
+            PODS,
+            self.events,
+            Action("watch", "pods", "", namespace=self.namespace),
+            self.backend.objects.core.list_namespaced_pod,
+            self.namespace,
+            retry=self.backend.retry,
+            watch_seconds=self.backend.watch_seconds,
+            label_selector=self.kind.pod_selector(self.name),
+        )
+
+    # ------------------------------------------------------------------------ running
+    def run(self) -> JobStatus:
+        for thread in [*self.watchers, *self.followers.values()]:
+            thread.start()
+        try:
+            while True:
+                if self.cancel.signum is not None:
+                    raise Cancelled(self.cancel.signum)
+                if self.stopped.is_set():  # stop() from another thread (logs --follow closed)
+                    raise KubetrainError(f"stopped following {self.kind.kind} {self.name}")
+                self._drain_events()
+                decision = self._decide()
+                if decision is not None:
+                    status, problem = decision
+                    if problem is None:
+                        self._drain_logs(LOG_DRAIN_SECONDS)
+                        return status
+                    self._drain_logs(EARLY_FAILURE_DRAIN_SECONDS)
+                    return self.backend.fail_early(self.name, problem, status)
+                if self._stalled():
+                    raise Stalled(self.stall_timeout or 0.0)
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise KubetrainError(
+                        f"timed out after {self.timeout:g}s waiting for {self.kind.kind} "
+                        f"{self.name} (state {self._current_state()}); raise --timeout or look "
+                        f"at `kubetrain logs --backend {self.kind.backend} {self.name}`",
+                        exit_code=124,
+                    )
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the watchers and log followers (and run(), if another thread runs it)."""
+        self.stopped.set()
+        for thread in [*self.watchers, *self.followers.values()]:
+            thread.stop()
+
+    def _drain_events(self) -> None:
+        """Apply every message waiting (blocking one tick for the first)."""
+        try:
+            message = self.events.get(timeout=TICK_SECONDS)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(message)
+            try:
+                message = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, message: Snapshot | Change | Failure) -> None:
+        if isinstance(message, Failure):
+            raise message.error
+        if message.source == JOB:
+            self._apply_job(message)
+        else:
+            self._apply_pods(message)
+
+    def _apply_job(self, message: Snapshot | Change) -> None:
+        if isinstance(message, Snapshot):
+            if not message.items and not self.job_seen:
+                raise KubetrainError(
+                    f"no {self.kind.kind} named {self.name!r} in namespace {self.namespace}; "
+                    f"check the name and --namespace (`kubectl get {self.kind.plural} -n "
+                    f"{self.namespace}`)"
+                )
+            self.job = message.items[0] if message.items else None
+        elif message.type == "DELETED":
+            self.job = None
+        else:
+            self.job = message.obj
+        self.job_seen = True
+        self.job_deleted = self.job is None
+
+    def _apply_pods(self, message: Snapshot | Change) -> None:
+        if isinstance(message, Snapshot):
+            self.pods = {pod.metadata.uid or pod.metadata.name: pod for pod in message.items}
+        elif message.type == "DELETED":
+            self.pods.pop(message.obj.metadata.uid or message.obj.metadata.name, None)
+        else:
+            self.pods[message.obj.metadata.uid or message.obj.metadata.name] = message.obj
+        if self.failure is None:
+            self.failure = first_failure(self.pods.values())
+        latest = latest_by_node(self.pods.values())
+        for node, follower in self.followers.items():
+            follower.update(latest.get(node))
+
+    # ----------------------------------------------------------------------- deciding
+    def _current_state(self) -> str:
+        if self.job is None:
+            return "unknown"
+        state, _, _ = self.kind.state(self.job)
+        if state not in TERMINAL_STATES and self._pods_running():
+            return RUNNING
+        return state
+
+    def _pods_running(self) -> bool:
+        return any(pod.status and pod.status.phase == "Running" for pod in self.pods.values())
+
+    def _decide(self) -> tuple[JobStatus, PodProblem | None] | None:
+        """The final status (and the pod problem that ended it early), or None to go on."""
+        if not self.job_seen:
+            return None
+        if self.job_deleted:
+            message = f"the {self.kind.kind} was deleted while we waited for it"
+            return self._status(FAILED, "Deleted", message), None
+        state, reason, message = self.kind.state(self.job)
+        if state in TERMINAL_STATES:
+            self._catch_up_pods()
+            return self._status(state, reason, message), None
+        if self.fail_early:
+            problem = self._problem()
+            if problem is not None:
+                return self._status(FAILED, problem.reason, problem.message), problem
+        return None
+
+    def _problem(self) -> PodProblem | None:
+        """A pod problem that has outlasted its grace period."""
+        now = time.monotonic()
+        seen: set[tuple[str, str]] = set()
+        expired = None
+        for pod in latest_by_node(self.pods.values()).values():
+            problem = diagnose(pod)
+            if problem is None:
+                continue
+            key = (problem.pod, problem.reason)
+            seen.add(key)
+            since = self.problem_since.setdefault(key, now)
+            if now - since >= self.backend.grace_seconds(problem.grace) and expired is None:
+                expired = problem
+        for key in set(self.problem_since) - seen:
+            del self.problem_since[key]
+        return expired
+
+    def _catch_up_pods(self) -> None:
+        """The job's end can arrive before its pods' (two watches): if a pod still looks
+        alive, list them once, so exit codes and the log followers see how they ended."""
+        latest = latest_by_node(self.pods.values()).values()
+        if latest and all(terminated(pod) for pod in latest):
+            return
+        try:
+            pods = self.backend.list_pods(self.name)
+        except KubetrainError:
+            return  # best effort: the status is decided already
+        self._apply_pods(Snapshot(PODS, pods))
+
+    def _status(self, state: str, reason: str, message: str) -> JobStatus:
+        pods = list(self.pods.values())
+        nodes = node_statuses(pods)
+        failure = self.failure or first_failure(pods)
+        failed_rank = None
+        if state == FAILED and failure is not None:
+            failed_rank, code = failure
+            for node in nodes:
+                if node.rank == failed_rank:
+                    node.exit_code = code
+        metadata = (self.job or {}).get("metadata") or {}
+        return JobStatus(
+            name=self.name,
+            state=state,
+            reason=reason,
+            message=message,
+            nodes=nodes,
+            failed_rank=failed_rank,
+            created_at=timestamp(metadata.get("creationTimestamp")),
+            finished_at=time.time() if state in TERMINAL_STATES else None,
+        )
+
+    def _drain_logs(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for follower in self.followers.values():
+            follower.finish(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,44 @@
+"""`kubetrain doctor`: check a cluster is ready for the steps."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check the cluster: API, Kubeflow Trainer, runtime, RBAC",
+        description=(
+            "Check that the cluster in $KUBECONFIG (or the pod's) is ready for the steps: the API "
+            "answers, the Kubeflow Trainer CRDs are installed (and which TrainJob form they take), "
+            "the runtime exists, and RBAC grants every verb the steps use "
+            "(SelfSubjectAccessReview). Prints what is missing and how to fix it; exits 1 if "
+            "anything is."
+        ),
+    )
+    parser.add_argument("--namespace", default="default", help="namespace the steps will use")
+    parser.add_argument(
+        "--runtime", default="torch-distributed", help="runtime the TrainJobs will refer to"
+    )
+    parser.add_argument(
+        "--runtime-kind",
+        default="ClusterTrainingRuntime",
+        help="ClusterTrainingRuntime (default) or TrainingRuntime",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubetrain.backends.kubernetes.client import load_api_client
+    from kubetrain.backends.kubernetes.doctor import Check, diagnose
+
+    def report(check: Check) -> None:
+        mark = "ok  " if check.ok else "FAIL"
+        print(f"{mark} {check.name:8} {check.detail}")
+        if check.fix and not check.ok:
+            print(f"     {'':8} fix: {check.fix}")
+
+    ready = diagnose(load_api_client(), args.namespace, args.runtime, args.runtime_kind, report)
+    print("ready" if ready else "not ready: fix the FAIL lines above")
+    return 0 if ready else 1

@@ -1,0 +1,226 @@
+"""`kubetrain run`: the whole pipeline on this machine, through KFP's own local runner, with the
+local backend playing Kubeflow Trainer (real multi-process training)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kubetrain.errors import KubetrainError
+from kubetrain.storage import atomic
+from kubetrain.training_choices import STRATEGIES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run the whole pipeline on this machine (KFP local runner + local backend)",
+        description=(
+            "Run prep → launch → wait → collect → evaluate with KFP's local runner; the training "
+            "job runs as real processes, one torchrun per node, with the PET_* environment "
+            "Kubeflow Trainer would inject. Ends with a summary: test accuracy, time, and where "
+            "the model and metrics are."
+        ),
+    )
+    parser.add_argument(
+        "--dataset",
+        default="sklearn:digits",
+        help="dataset source (see `kubetrain prep --help`); default sklearn:digits",
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="training nodes; default 2")
+    parser.add_argument(
+        "--procs-per-node", type=int, default=1, help="training processes per node; default 1"
+    )
+    parser.add_argument(
+        "--strategy",
+        default="ddp",
+        choices=STRATEGIES,
+        help="data-parallel strategy; default ddp",
+    )
+    parser.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
+    parser.add_argument("--epochs", type=int, default=10, help="training epochs; default 10")
+    parser.add_argument("--lr", type=float, default=0.001, help="learning rate; default 0.001")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="batch size per process; default 32"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=0.95,
+        help="accuracy the model must reach to pass; default 0.95",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the train/test split; default 0"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("runs"),
+        help="folder for the run's artifacts (KFP pipeline root); default ./runs",
+    )
+    parser.add_argument(
+        "--storage",
+        default="",
+        metavar="URL",
+        help="object storage (e.g. s3://bucket/prefix) for the dataset, checkpoints and model, "
+        "under URL/{datasets,checkpoints,models}/<run>; endpoint and keys from AWS_ENDPOINT_URL, "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION; default: local folders",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        help="fail the wait step after this many seconds; default 0 = none",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=1800,
+        help="stop the training job when it logs nothing for this many seconds while running "
+        "(a hung rank); default 1800, 0 = never",
+    )
+    parser.set_defaults(handler=run)
+
+
+#: (pipeline parameter, argument, option) checked before the pipeline starts.
+CHECKED = (
+    ("nodes", "nodes", "--nodes"),
+    ("procs_per_node", "procs_per_node", "--procs-per-node"),
+    ("model", "model", "--model"),
+    ("epochs", "epochs", "--epochs"),
+    ("lr", "lr", "--lr"),
+    ("batch_size", "batch_size", "--batch-size"),
+    ("seed", "seed", "--seed"),
+    ("wait_timeout_seconds", "timeout", "--timeout"),
+    ("stall_timeout_seconds", "stall_timeout", "--stall-timeout"),
+)
+
+
+def validate_arguments(args: argparse.Namespace) -> None:
+    """Refuse what a step would refuse before the pipeline starts: found by a step, a bad value
+    fails the run only after the steps before it have written their outputs."""
+    from kubetrain import storage
+    from kubetrain.cli.param_option import check_value
+    from kubetrain.components.dataset_prep.prep import check_source
+    from kubetrain.components.evaluate_model.evaluate import validate_threshold
+
+    for parameter, dest, option in CHECKED:
+        check_value(parameter, getattr(args, dest), option)
+    validate_threshold(args.threshold)
+    check_source(args.dataset, "--dataset")
+    if args.storage:
+        storage.resolve(args.storage, "--storage")
+
+
+def run(args: argparse.Namespace) -> int:
+    validate_arguments(args)  # before kfp is imported: a refusal is instant
+    from kfp import local
+
+    from kubetrain import storage
+    from kubetrain.backends.local.supervisor import program_path
+    from kubetrain.pipelines.training_pipeline import training_pipeline
+
+    # Our component image is a Python image; KFP guesses from its name that it may not be.
+    warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
+    # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
+    # trainer's `torchrun` is looked up next to it.
+    os.environ["PATH"] = program_path()
+    pipeline_root = args.output.resolve()
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    started = time.monotonic()
+    with stopped_whole_on_interrupt(pipeline_root):
+        try:
+            outputs = training_pipeline(
+                dataset_source=args.dataset,
+                seed=args.seed,
+                nodes=args.nodes,
+                procs_per_node=args.procs_per_node,
+                strategy=args.strategy,
+                model=args.model,
+                epochs=args.epochs,
+                lr=float(args.lr),
+                batch_size=args.batch_size,
+                accuracy_threshold=float(args.threshold),
+                wait_timeout_seconds=float(args.timeout),
+                stall_timeout_seconds=float(args.stall_timeout),
+                storage=args.storage,
+            ).outputs
+        except RuntimeError as exc:
+            raise KubetrainError(f"pipeline failed: {exc}") from exc
+    elapsed = time.monotonic() - started
+    accuracy, passed = outputs["accuracy"], outputs["passed"]
+    verdict = "passed" if passed else "below threshold"
+    print()
+    print(
+        f"kubetrain run: {args.nodes} node(s) x {args.procs_per_node} process(es), "
+        f"{args.strategy}, {args.epochs} epochs on {args.dataset}"
+    )
+    print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
+    print(f"time     {elapsed:.1f}s")
+    print(f"model    {storage.dereference(outputs['model'].path)}")
+    print(f"metrics  {outputs['metrics'].path}")
+    print(f"report   {publish_report(outputs['report'].path)}")
+    return 0 if passed else 3
+
+
+#: Marks every process a `kubetrain run` starts (its steps, their training job), which inherit
+#: it, so an interrupted run can stop all of them and nothing else.
+RUN_ID_ENV = "KUBETRAIN_RUN_ID"
+#: How long an interrupted run's processes get to end on SIGTERM before SIGKILL.
+STOP_GRACE_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
+    """Ctrl-C (SIGINT) or SIGTERM stops the whole run: the running step and the training job
+    it launched (its supervisor, nodes and workers, in sessions of their own that no terminal
+    signal reaches), then one line says so and the run exits 128+N.
+
+    SIGTERM is turned into the KeyboardInterrupt SIGINT raises: on exactly that exception the
+    `with subprocess.Popen` KFP's local runner uses returns without waiting for the step."""
+    from kubetrain.backends.cancel import CANCEL_SIGNALS
+    from kubetrain.backends.local.processes import stop_marked_processes
+
+    run_id = uuid.uuid4().hex
+    os.environ[RUN_ID_ENV] = run_id
+    received: list[int] = []
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in CANCEL_SIGNALS}
+    try:
+        yield
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
+        stopped = stop_marked_processes(RUN_ID_ENV, run_id, STOP_GRACE_SECONDS)
+        raise KubetrainError(
+            f"stopped by {signal.Signals(signum).name}: stopped the running step and its "
+            f"training job ({len(stopped)} process(es)); what the steps wrote stays in "
+            f"{pipeline_root}",
+            exit_code=128 + signum,
+        ) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.environ.pop(RUN_ID_ENV, None)
+
+
+def publish_report(artifact_path: str) -> Path:
+    """The evaluate step's HTML report as ``report.html`` in the run's folder: KFP's local
+    runner names the artifact file after the output, without an extension browsers need."""
+    source = Path(artifact_path)
+    target = source.parent.parent / "report.html"
+    atomic.write_bytes(target, source.read_bytes())
+    return target

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kubetrain import storage
-from kubetrain.models import build_model
+from kubetrain.artifacts.models import build_model
 from kubetrain.storage import atomic
 
 UMASKS = (0o022, 0o077, 0o002)

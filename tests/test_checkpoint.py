@@ -23,8 +23,8 @@ from kubetrain.artifacts.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from kubetrain.artifacts.models import build_model
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.models import build_model
 
 MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}
 

@@ -14,9 +14,9 @@ import torch
 from kubetrain.artifacts.checkpoint import save_checkpoint
 from kubetrain.artifacts.export import EXPORT_CARD, export_model, verify_export
 from kubetrain.artifacts.model_card import load_model
+from kubetrain.artifacts.models import build_model
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.models import build_model
 from kubetrain.storage.integrity import sha256_file
 
 SHAPE = [1, 8, 8]

@@ -53,8 +53,8 @@ def records(tmp_path_factory, digits_dir) -> dict[str, Path]:
     import torch
 
     from kubetrain.artifacts.checkpoint import save_checkpoint
+    from kubetrain.artifacts.models import mlp
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
-    from kubetrain.models import mlp
 
     root = tmp_path_factory.mktemp("records")
     model = mlp([1, 8, 8], 10)

@@ -25,9 +25,10 @@ import torch
 from safetensors.torch import load_file
 
 from kubetrain import storage
+from kubetrain.artifacts.manifest import verify_digests
+from kubetrain.artifacts.models import build_model
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.errors import IntegrityError
-from kubetrain.models import build_model
 from kubetrain.storage.integrity import chunks_of, sha256_file, sha256_of_chunks
 from kubetrain.storage.verified_copy import copy_verified
 from tests.reliability.test_bad_input import assert_one_line_error
@@ -76,7 +77,7 @@ def test_every_local_sha256_is_hashlibs(big_file: Path, big_data: bytes) -> None
     assert sha256_file(big_file) == oracle
     assert storage.sha256(big_file) == oracle
     assert storage.folder_digests(big_file.parent) == {"big.bin": oracle}
-    storage.verify_digests(big_file.parent, {"big.bin": oracle}, "folder")
+    verify_digests(big_file.parent, {"big.bin": oracle}, "folder")
 
 
 def test_every_sha256_of_an_object_is_hashlibs(s3_env: S3Server, big_data: bytes) -> None:
@@ -86,14 +87,14 @@ def test_every_sha256_of_an_object_is_hashlibs(s3_env: S3Server, big_data: bytes
     folder = f"s3://{BUCKET}/hashed"
     assert storage.sha256(f"{folder}/big.bin") == oracle
     assert storage.folder_digests(folder) == {"big.bin": oracle}
-    storage.verify_digests(folder, {"big.bin": oracle}, "folder")
+    verify_digests(folder, {"big.bin": oracle}, "folder")
 
 
 def test_verify_digests_refuses_a_digest_one_byte_off(big_file: Path, big_data: bytes) -> None:
     """A digest of the same data with one byte changed (in the last chunk) is refused."""
     other = hashlib.sha256(flipped(big_data, DATA_BYTES - 7)).hexdigest()
     with pytest.raises(IntegrityError, match="big.bin is corrupt"):
-        storage.verify_digests(big_file.parent, {"big.bin": other}, "folder")
+        verify_digests(big_file.parent, {"big.bin": other}, "folder")
 
 
 @pytest.mark.parametrize("route", ["local-local", "local-s3", "s3-local"])

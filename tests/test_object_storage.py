@@ -167,7 +167,7 @@ def test_resume_from_s3_in_a_new_run(s3_env, s3_runs, s3_digits: str, free_port)
 
 
 def test_restore_checkpoint_from_s3_in_process(s3_env, s3_runs) -> None:
-    from kubetrain.models import build_model
+    from kubetrain.artifacts.models import build_model
 
     latest = latest_checkpoint(s3_runs["ddp"])
     info = read_manifest(latest)["model"]

@@ -21,8 +21,8 @@ from kubetrain.artifacts.checkpoint import (
     load_model,
     read_manifest,
 )
+from kubetrain.artifacts.models import build_model
 from kubetrain.errors import InvalidInput
-from kubetrain.models import build_model
 from kubetrain.train.__main__ import main
 from kubetrain.train.data import BatchDataset, TensorBatches, eval_batches, load_data
 from kubetrain.train.distributed import Runtime

@@ -2,9 +2,9 @@
 
 A map-style Dataset that converts and normalises one sample at a time in ``__getitem__``, the
 default DataLoader (collating sample by sample) over a DistributedSampler, and the same model
-(``kubetrain.models.build_model``), optimizer (AdamW), gradient clipping, data, batch size and
-epochs as ``python -m kubetrain.train``. Rank 0 prints one ``epoch N samples/s X`` line per
-epoch, timed over the training loop only, with samples summed over all ranks, as ours does.
+(``kubetrain.artifacts.models.build_model``), optimizer (AdamW), gradient clipping, data, batch
+size and epochs as ``python -m kubetrain.train``. Rank 0 prints one ``epoch N samples/s X``
+line per epoch, timed over the training loop only, with samples summed over all ranks, as ours does.
 
 The GPU mode (``--device cuda``) keeps that data path, moves each collated batch to the GPU,
 and gets what ours gets there: bf16 autocast, DDP over NCCL, or FSDP2 on each
@@ -28,7 +28,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from kubetrain.models import build_model
+from kubetrain.artifacts.models import build_model
 
 
 class PerSampleDataset(Dataset):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from kubetrain.models import build_model
+from kubetrain.artifacts.models import build_model
 
 
 def matmul_rate(device: torch.device, size: int, repeats: int) -> float:

@@ -116,7 +116,7 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
 def _check_model_imports(model: str) -> None:
     """Import the user's ``package.module:callable`` as the nodes will: from the folder they
     run in (this one), which ``python -m`` puts first on their path."""
-    from kubetrain.models import import_callable
+    from kubetrain.artifacts.models import import_callable
 
     added = os.getcwd() not in sys.path
     if added:

@@ -266,9 +266,9 @@ def load_model(
 
     A model of custom code (``package.module:callable``) is built only by ``model_factory``,
     the caller's explicit choice: the manifest's spec is never imported (see
-    :func:`kubetrain.models.rebuild_model`).
+    :func:`kubetrain.artifacts.models.rebuild_model`).
     """
-    from kubetrain.models import rebuild_model
+    from kubetrain.artifacts.models import rebuild_model
 
     manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
     model = rebuild_model(manifest["model"], model_factory, f"checkpoint {ckpt_path}")

@@ -21,6 +21,7 @@ from kubetrain.artifacts.manifest import (
     check_entry,
     check_fields,
     read_format_manifest,
+    verify_digests,
 )
 from kubetrain.errors import IntegrityError
 from kubetrain.training_choices import STRATEGIES
@@ -118,5 +119,5 @@ def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
                 f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
                 "it is incomplete, use an earlier checkpoint"
             )
-    storage.verify_digests(ckpt_path, files, f"checkpoint {ckpt_path}")
+    verify_digests(ckpt_path, files, f"checkpoint {ckpt_path}")
     return manifest

@@ -32,6 +32,7 @@ from kubetrain.artifacts.manifest import (
     check_fields,
     check_file_records,
     read_format_manifest,
+    verify_digests,
 )
 from kubetrain.errors import IntegrityError, refusal_reason
 from kubetrain.storage.integrity import sha256_file
@@ -144,7 +145,7 @@ def load_split(data_dir: storage.Location, split: str, verify: bool = True):
             f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])})"
         )
     if verify:
-        storage.verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
+        verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")
     try:
         tensors = load(storage.read_bytes(storage.join(data_dir, entry["file"])))
         x, y = tensors["x"], tensors["y"]

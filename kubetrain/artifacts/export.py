@@ -181,7 +181,7 @@ def export_model(
     model's sample shape. The batch dimension stays dynamic. The file is published atomically
     only after its reloaded program matched the eager model, then recorded in ``export.json``.
     ``model_factory`` builds a model of custom code, which the card's spec alone never does
-    (:func:`kubetrain.models.rebuild_model`).
+    (:func:`kubetrain.artifacts.models.rebuild_model`).
     """
     if kind not in EXPORT_FILES:
         raise InvalidInput("kind", f"{kind!r} is not one of {get_args(ExportKind)}", "pick one")

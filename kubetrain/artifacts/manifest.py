@@ -130,6 +130,26 @@ def check_digests(
     return files
 
 
+def verify_digests(root: storage.Location, expected: dict[str, str], what: str) -> None:
+    """Raise naming the first file under ``root`` that is missing or differs from its digest;
+    every name is held to the manifest rule before any file is opened."""
+    check_digests(root, expected, what)
+    for relative, digest in sorted(expected.items()):
+        location = storage.join(root, relative)
+        try:
+            actual = storage.sha256(location)
+        except FileNotFoundError:
+            raise IntegrityError(
+                f"{what}: file {location} listed in its manifest is missing; re-create it "
+                "rather than use it"
+            ) from None
+        if actual != digest:
+            raise IntegrityError(
+                f"{what}: file {location} is corrupt (sha256 {actual[:12]}…, manifest says "
+                f"{digest[:12]}…); re-create it rather than use it"
+            )
+
+
 def check_model_code(recorded_spec: object, model_factory: str | None, what: str) -> None:
     """Refuse to rebuild a model of custom code that only a record names, before anything is
     imported.

@@ -94,8 +94,8 @@ def load_model(
     """The collected model rebuilt from its card, weights loaded, in eval mode; and the card
     (read, sha256 checked, unless the caller already has it). A card naming custom code is
     rebuilt only with ``model_factory``, the caller's explicit choice
-    (:func:`kubetrain.models.rebuild_model`)."""
-    from kubetrain.models import rebuild_model
+    (:func:`kubetrain.artifacts.models.rebuild_model`)."""
+    from kubetrain.artifacts.models import rebuild_model
 
     card = card if card is not None else read_model_card(model_dir)
     recorded = card["model"]

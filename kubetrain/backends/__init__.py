@@ -4,38 +4,23 @@ without the Trainer)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from kubetrain.backends.base import Backend
+from kubetrain.backends.base import (
+    BACKENDS,
+    CANCEL_ACTIONS,
+    TRAINER_VERSIONS,
+    Backend,
+    BackendOptions,
+)
 from kubetrain.errors import InvalidInput
 
-BACKENDS = ("local", "trainer", "job")
-TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
-CANCEL_ACTIONS = ("delete", "suspend")
-
-
-@dataclass(frozen=True)
-class BackendOptions:
-    """How to reach the cluster; ignored by the local backend."""
-
-    namespace: str = "default"
-    #: Which TrainJob form to render: "auto" reads the CRD installed on the cluster.
-    trainer_version: str = "auto"
-    #: What `wait` does to the job when it is cancelled (SIGTERM).
-    on_cancel: str = "delete"
-
-    def validate(self) -> BackendOptions:
-        if self.trainer_version not in TRAINER_VERSIONS:
-            raise InvalidInput(
-                "trainer_version",
-                f"{self.trainer_version!r} is unknown",
-                f"use one of {', '.join(TRAINER_VERSIONS)}",
-            )
-        if self.on_cancel not in CANCEL_ACTIONS:
-            raise InvalidInput(
-                "on_cancel", f"{self.on_cancel!r} is unknown", "use delete or suspend"
-            )
-        return self
+__all__ = [
+    "BACKENDS",
+    "CANCEL_ACTIONS",
+    "TRAINER_VERSIONS",
+    "Backend",
+    "BackendOptions",
+    "get_backend",
+]
 
 
 def get_backend(name: str, options: BackendOptions | None = None) -> Backend:

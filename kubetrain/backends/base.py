@@ -1,4 +1,5 @@
-"""What every backend offers: launch a job spec, follow it, read its logs, delete it."""
+"""What every backend offers (launch a job spec, follow it, read its logs, delete it) and the
+options that say how to reach a cluster."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
+
+BACKENDS = ("local", "trainer", "job")
+TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
+CANCEL_ACTIONS = ("delete", "suspend")
 
 # The states a TrainJob goes through; Kubeflow Trainer reports Complete/Failed conditions.
 CREATED, RUNNING, COMPLETE, FAILED = "Created", "Running", "Complete", "Failed"
@@ -81,3 +87,27 @@ class Backend(Protocol):
         """Stop everything the job runs and remove it."""
 
     def default_checkpoint_dir(self, name: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How to reach the cluster; ignored by the local backend."""
+
+    namespace: str = "default"
+    #: Which TrainJob form to render: "auto" reads the CRD installed on the cluster.
+    trainer_version: str = "auto"
+    #: What `wait` does to the job when it is cancelled (SIGTERM).
+    on_cancel: str = "delete"
+
+    def validate(self) -> BackendOptions:
+        if self.trainer_version not in TRAINER_VERSIONS:
+            raise InvalidInput(
+                "trainer_version",
+                f"{self.trainer_version!r} is unknown",
+                f"use one of {', '.join(TRAINER_VERSIONS)}",
+            )
+        if self.on_cancel not in CANCEL_ACTIONS:
+            raise InvalidInput(
+                "on_cancel", f"{self.on_cancel!r} is unknown", "use delete or suspend"
+            )
+        return self

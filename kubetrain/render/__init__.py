@@ -16,7 +16,35 @@ _HOMES = {
     "render_script_configmap": "kubetrain.render.script",
     "render_trainjob": "kubetrain.render.trainjob",
 }
-__all__ = list(_HOMES)
+__all__ = [*_HOMES, "render_job"]
+#: The backends whose objects are rendered (the local backend runs processes instead).
+RENDERED_BACKENDS = ("trainer", "job")
+
+
+def render_job(
+    spec: Any,
+    backend: str,
+    namespace: str,
+    trainer_version: str,
+    owner: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Every object of ``spec``'s job on ``backend`` (trainer: a TrainJob; job: a headless
+    Service + Indexed Job), in creation order, the job's own object last: a shipped script's
+    ConfigMap first. The one list both `kubetrain render` prints and the backend creates."""
+    from kubetrain.render.indexed_job import render_indexed_job
+    from kubetrain.render.script import render_script_configmap
+    from kubetrain.render.trainjob import render_trainjob
+
+    rendered = []
+    if spec.script:
+        rendered.append(render_script_configmap(spec, namespace, owner=owner))
+    if backend == "trainer":
+        rendered.append(
+            render_trainjob(spec, namespace=namespace, trainer_version=trainer_version, owner=owner)
+        )
+    else:
+        rendered += render_indexed_job(spec, namespace=namespace, owner=owner)
+    return rendered
 
 
 def __getattr__(name: str) -> Any:

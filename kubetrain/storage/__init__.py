@@ -249,28 +249,6 @@ def folder_digests(root: Location, exclude: tuple[str, ...] = ()) -> dict[str, s
     return digests
 
 
-def verify_digests(root: Location, expected: dict[str, str], what: str) -> None:
-    """Raise naming the first file under ``root`` that is missing or differs from its digest;
-    every name is held to the manifest rule before any file is opened."""
-    from kubetrain.artifacts.manifest import check_digests  # it imports this module
-
-    check_digests(root, expected, what)
-    for relative, digest in sorted(expected.items()):
-        location = join(root, relative)
-        try:
-            actual = sha256(location)
-        except FileNotFoundError:
-            raise IntegrityError(
-                f"{what}: file {location} listed in its manifest is missing; re-create it "
-                "rather than use it"
-            ) from None
-        if actual != digest:
-            raise IntegrityError(
-                f"{what}: file {location} is corrupt (sha256 {actual[:12]}…, manifest says "
-                f"{digest[:12]}…); re-create it rather than use it"
-            )
-
-
 def retract(final: Location, manifest: str) -> None:
     """Remove an object-storage folder, its manifest first, so no reader trusts what remains."""
     remove_file(join(final, manifest))

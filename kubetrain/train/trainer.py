@@ -17,8 +17,8 @@ from kubetrain.artifacts.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from kubetrain.artifacts.models import build_model
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.models import build_model
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
 from kubetrain.train.loop import evaluate, train_epoch

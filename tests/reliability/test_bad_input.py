@@ -269,8 +269,8 @@ def _collected_model(root: Path) -> tuple[Path, Path]:
     import torch
 
     from kubetrain.artifacts.checkpoint import save_checkpoint
+    from kubetrain.artifacts.models import build_model
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
-    from kubetrain.models import build_model
 
     torch.manual_seed(0)
     model = build_model("mlp", [1, 8, 8], 10)

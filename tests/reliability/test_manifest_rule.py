@@ -36,10 +36,10 @@ import torch
 from kubetrain.artifacts import checkpoint, datasets, export, model_card
 from kubetrain.artifacts.checkpoint import save_checkpoint
 from kubetrain.artifacts.manifest import shown
+from kubetrain.artifacts.models import mlp
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import KubetrainError
-from kubetrain.models import mlp
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
 from kubetrain.training_choices import STRATEGIES
@@ -467,7 +467,7 @@ def custom_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cus
     code.mkdir()
     (code / f"{module}.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
-        "from kubetrain.models import mlp as build\n"
+        "from kubetrain.artifacts.models import mlp as build\n"
     )
     monkeypatch.syspath_prepend(str(code))
     yield CustomCode(f"{module}:build", module, marker)

@@ -42,8 +42,8 @@ def origin(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> dict[s
     import torch
 
     from kubetrain.artifacts.checkpoint import save_checkpoint
+    from kubetrain.artifacts.models import build_model
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
-    from kubetrain.models import build_model
 
     root = tmp_path_factory.mktemp("origin")
     torch.manual_seed(0)

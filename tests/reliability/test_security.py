@@ -28,8 +28,8 @@ import torch
 import yaml
 
 from kubetrain.artifacts.checkpoint import save_checkpoint
+from kubetrain.artifacts.models import build_model
 from kubetrain.cli import main as kubetrain_main
-from kubetrain.models import build_model
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
 from tests.support.argo_server import ArgoServer

@@ -49,6 +49,9 @@ def training_pipeline(
     service_account: str = "",
     storage: str = "",
     storage_secret: str = DEFAULT_STORAGE_SECRET,
+    cpu: str = "",
+    memory: str = "",
+    gpu: int = 0,
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
     [
@@ -88,6 +91,9 @@ def training_pipeline(
         service_account=service_account,
         storage=storage,
         storage_secret=storage_secret,
+        cpu=cpu,
+        memory=memory,
+        gpu=gpu,
     )
     launch.set_caching_options(False)
     # On a cluster, the dataset and checkpoints travel through a ReadWriteMany PVC that the

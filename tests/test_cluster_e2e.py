@@ -12,13 +12,8 @@ import pytest
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.components.evaluate_model.evaluate import evaluate_model
-from kubetrain.components.launch_trainjob.launch import (
-    TrainingOptions,
-    launch_job,
-    launch_training,
-)
+from kubetrain.components.launch_trainjob.launch import LaunchRequest, TrainingOptions, launch
 from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
-from kubetrain.jobspec import TrainJobSpec
 from tests.support.fake_trainer import FakeTrainer
 
 
@@ -41,11 +36,13 @@ def check_model(checkpoint_dir: Path, digits_dir: Path, tmp_path: Path) -> None:
 
 def test_trainer_backend_trains_two_nodes(trainer_cluster, digits_dir, tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    launched = launch_training(
-        TrainingOptions(data_dir=str(digits_dir), checkpoint_dir=str(checkpoints)),
+    launched = launch(
+        LaunchRequest(
+            TrainingOptions(data_dir=str(digits_dir), checkpoint_dir=str(checkpoints)),
+            name="digits-ddp",
+            nodes=2,
+        ),
         backend="trainer",
-        job_name="digits-ddp",
-        nodes=2,
     )
     assert launched.job_name == "digits-ddp"
     trainjob = trainer_cluster.emulator.get("trainjobs", "digits-ddp")
@@ -81,11 +78,11 @@ def test_a_failing_node_fails_wait_with_its_exit_code_and_last_lines(trainer_clu
         "print('node', rank, 'of', os.environ['PET_NNODES']); "
         "sys.exit(3 if rank == '1' else 0)"
     )
-    spec = TrainJobSpec(name=f"fails-{backend}", command=("python", "-c", program), num_nodes=2)
-    launch_job(spec, backend=backend)
+    name = f"fails-{backend}"
+    launch(LaunchRequest(command=("python", "-c", program), name=name), backend=backend)
     lines: list[str] = []
     with pytest.raises(JobFailed) as failed:
-        wait_for_job(spec.name, backend=backend, on_log_line=lines.append)
+        wait_for_job(name, backend=backend, on_log_line=lines.append)
     assert failed.value.exit_code == 3
     assert lines == ["node 0 of 2"]
     assert "last 1 lines of node 1:\nnode 1 of 2" in str(failed.value)

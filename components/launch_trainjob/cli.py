@@ -1,36 +1,18 @@
 """`kubetrain launch`: start a distributed job (our trainer, or any command after `--`).
 
-The job options defined here are shared with `kubetrain render`, so what is rendered is
-exactly what would be launched.
+The options are shared with `kubetrain render` and turned into a ``LaunchRequest`` by one
+function (``request_from_args``), so what is rendered is exactly what would be launched.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
-from kubetrain.errors import InvalidInput
-
-
-def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend",
-        default="local",
-        help="where the job runs: local (processes on this machine, default), trainer (a "
-        "Kubeflow Trainer TrainJob) or job (Indexed Job + headless Service, no Trainer needed)",
-    )
-    parser.add_argument(
-        "--namespace", default="default", help="Kubernetes namespace (cluster backends)"
-    )
-    parser.add_argument(
-        "--trainer-version",
-        default="auto",
-        help="TrainJob form: 2.2/2.3 use runtimePatches, 2.1 podTemplateOverrides; "
-        "default auto (read from the CRD on the cluster)",
-    )
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +85,27 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE][:EFFECT]",
         help="tolerate a taint (no VALUE: operator Exists), e.g. nvidia.com/gpu:NoSchedule; "
         "repeatable",
+    )
+    job.add_argument(
+        "--shared-pvc",
+        default="",
+        metavar="CLAIM",
+        help="PersistentVolumeClaim this step has mounted at --shared-mount, as the nodes will "
+        "(cluster backends): a local --data outside it is copied onto it, and checkpoints "
+        "default to <mount>/checkpoints/<job>",
+    )
+    job.add_argument(
+        "--shared-mount",
+        default="/mnt/shared",
+        metavar="PATH",
+        help="where --shared-pvc is mounted, here and in the nodes; default /mnt/shared",
+    )
+    job.add_argument(
+        "--storage",
+        default="",
+        metavar="URL",
+        help="object storage (e.g. s3://bucket/prefix): checkpoints default to "
+        "URL/checkpoints/<run name or job>",
     )
     job.add_argument("--service-account", default="", help="ServiceAccount the nodes run as")
     job.add_argument(
@@ -212,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "`kubetrain launch --nodes 2 --procs-per-node 2 -- torchrun train.py`."
         ),
     )
-    add_backend_arguments(parser)
+    add_backend_arguments(parser, creates=True)
     add_job_arguments(parser)
     add_training_arguments(parser)
     add_output_parameters_argument(parser)
@@ -220,126 +223,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def parse_pairs(pairs: list[str], option: str) -> dict[str, str]:
-    parsed = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidInput(
-                option, f"{pair!r} is not KEY=VALUE", f"write it like {option} NAME=value"
-            )
-        parsed[key] = value
-    return parsed
+def request_from_args(args: argparse.Namespace):
+    """The ``LaunchRequest`` the options describe: what `launch` creates and `render` prints."""
+    from kubetrain.components.launch_trainjob.launch import (
+        LaunchRequest,
+        TrainingOptions,
+        initializer,
+        parse_pairs,
+        parse_toleration,
+        parse_volume,
+        shared_volume,
+    )
+    from kubetrain.jobspec import Resources
 
-
-def parse_volume(text: str):
-    from kubetrain.jobspec import Volume
-
-    name, sep, rest = text.partition("=")
-    claim, colon, path = rest.partition(":")
-    read_only = path.endswith(":ro")
-    path = path.removesuffix(":ro")
-    if not sep or not colon or not name or not claim or not path:
-        raise InvalidInput(
-            "--volume", f"{text!r} is not NAME=CLAIM:/PATH", "write it like shared=my-pvc:/mnt"
-        )
-    return Volume(name=name, claim_name=claim, mount_path=path, read_only=read_only)
-
-
-def parse_toleration(text: str):
-    from kubetrain.jobspec import Toleration
-
-    taint, _, effect = text.partition(":")
-    key, sep, value = taint.partition("=")
-    return Toleration(key=key, operator="Equal" if sep else "Exists", value=value, effect=effect)
-
-
-def job_spec_from_args(args: argparse.Namespace, name: str, command: list[str]):
-    """The TrainJobSpec the job options describe, running ``command``."""
-    from kubetrain.images import TRAINER_IMAGE
-    from kubetrain.jobspec import Initializer, Resources, RuntimeRef, TrainJobSpec
-
-    return TrainJobSpec(
-        name=name,
-        command=tuple(command[:1]),
-        args=tuple(command[1:]),
-        image=args.image or TRAINER_IMAGE,
-        env=parse_pairs(args.env, "--env"),
-        num_nodes=args.nodes,
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return LaunchRequest(
+        training=TrainingOptions(
+            data_dir=args.data,
+            checkpoint_dir=args.checkpoint_dir,
+            strategy=args.strategy,
+            model=args.model,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            checkpoint_every=args.checkpoint_every,
+        ),
+        command=tuple(command),
+        name=args.name,
+        run_name=args.run_name,
+        nodes=args.nodes,
         procs_per_node=args.procs_per_node,
-        resources_per_node=Resources(cpu=args.cpu, memory=args.memory, gpu=args.gpu),
-        runtime=RuntimeRef(name=args.runtime, kind=args.runtime_kind),
+        image=args.image or "",
+        runtime=args.runtime,
+        runtime_kind=args.runtime_kind,
+        resources=Resources(cpu=args.cpu, memory=args.memory, gpu=args.gpu),
+        env=parse_pairs(args.env, "--env"),
         volumes=tuple(parse_volume(v) for v in args.volume),
+        shared_volume=shared_volume(args.shared_pvc, args.shared_mount),
         labels=parse_pairs(args.label, "--label"),
         pod_labels=parse_pairs(args.pod_label, "--pod-label"),
         node_selector=parse_pairs(args.node_selector, "--node-selector"),
         tolerations=tuple(parse_toleration(t) for t in args.toleration),
         service_account=args.service_account,
+        storage_url=args.storage,
         storage_secret=args.storage_secret,
         suspend=args.suspend,
         max_restarts=args.max_restarts,
         active_deadline_seconds=args.active_deadline_seconds,
-        dataset_initializer=Initializer(args.dataset_uri, args.dataset_secret)
-        if args.dataset_uri
-        else None,
-        model_initializer=Initializer(args.model_uri, args.model_secret)
-        if args.model_uri
-        else None,
+        dataset_initializer=initializer(args.dataset_uri, args.dataset_secret),
+        model_initializer=initializer(args.model_uri, args.model_secret),
         script=args.script,
     )
 
 
-def spec_from_args(args: argparse.Namespace):
-    """The spec `launch` would submit for these arguments, and the trainer's checkpoint
-    folder (empty when a user command runs instead of our trainer)."""
-    from kubetrain.backends import get_backend
-    from kubetrain.components.launch_trainjob.launch import (
-        TRAINER_COMMAND,
-        TrainingOptions,
-        resolve_job_name,
-    )
-
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    name = resolve_job_name(args.name, args.run_name)
-    if command:
-        return job_spec_from_args(args, name, command).validate(), ""
-    options = TrainingOptions(
-        data_dir=args.data,
-        checkpoint_dir=args.checkpoint_dir,
-        strategy=args.strategy,
-        model=args.model,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        checkpoint_every=args.checkpoint_every,
-    )
-    options.validate()
-    # Ask the backend only when needed: render passes a folder and must not need a cluster.
-    checkpoint_dir = options.checkpoint_dir or get_backend(
-        args.backend, backend_options(args)
-    ).default_checkpoint_dir(name)
-    command = [*TRAINER_COMMAND, *options.trainer_args(checkpoint_dir)]
-    return job_spec_from_args(args, name, command).validate(), checkpoint_dir
-
-
-def backend_options(args: argparse.Namespace):
-    from kubetrain.backends import BackendOptions
-
-    return BackendOptions(namespace=args.namespace, trainer_version=args.trainer_version)
-
-
 def run(args: argparse.Namespace) -> int:
-    from kubetrain.components.launch_trainjob.launch import check_local_trainer, launch_job
+    from kubetrain.components.launch_trainjob.launch import launch
 
-    spec, checkpoint_dir = spec_from_args(args)
-    if args.backend == "local" and checkpoint_dir:
-        # Our trainer's nodes run here: what would fail each of them is refused now.
-        check_local_trainer(args.data, checkpoint_dir, args.model)
-    name = launch_job(spec, backend=args.backend, options=backend_options(args))
-    if checkpoint_dir:
-        print(f"checkpoints: {checkpoint_dir}")
+    result = launch(request_from_args(args), backend=args.backend, options=backend_options(args))
+    if result.checkpoint_dir:
+        print(f"checkpoints: {result.checkpoint_dir}")
     write_output_parameters(
-        args.output_parameters, {"job_name": name, "checkpoint_dir": checkpoint_dir}
+        args.output_parameters,
+        {"job_name": result.job_name, "checkpoint_dir": result.checkpoint_dir},
     )
-    print(name)
+    print(result.job_name)
     return 0

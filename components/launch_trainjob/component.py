@@ -1,6 +1,6 @@
 """KFP component of the launch step."""
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import dsl
 
@@ -30,6 +30,12 @@ def launch_trainjob(
     storage: str = "",
     storage_secret: str = "",
     max_restarts: int = 0,
+    cpu: str = "",
+    memory: str = "",
+    gpu: int = 0,
+    env: Optional[dict] = None,  # noqa: UP045 (KFP reads the annotation)
+    node_selector: Optional[dict] = None,  # noqa: UP045
+    tolerations: Optional[list] = None,  # noqa: UP045
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
@@ -46,6 +52,11 @@ def launch_trainjob(
     ``storage/checkpoints/<run_name>``; they get the endpoint and keys from Secret
     ``storage_secret`` (its name only is rendered into the job).
 
+    ``cpu``, ``memory`` (Kubernetes quantities) and ``gpu`` are what each node asks for; ``env``
+    (name -> text) is set in every node; ``node_selector`` (label -> value) and
+    ``tolerations`` (texts ``KEY[=VALUE][:EFFECT]``, e.g. ``nvidia.com/gpu:NoSchedule``) say
+    where the nodes may run: the options of `kubetrain launch` of the same names.
+
     ``max_restarts``: after a node fails, every node starts again up to this many times and
     training resumes from the newest checkpoint (on a cluster the runtime's JobSet
     ``failurePolicy.maxRestarts`` must allow it).
@@ -53,37 +64,43 @@ def launch_trainjob(
     from collections import namedtuple
 
     from kubetrain.backends import BackendOptions
-    from kubetrain.components.launch_trainjob.launch import TrainingOptions, launch_training
-    from kubetrain.images import TRAINER_IMAGE
-    from kubetrain.jobspec import Volume
-
-    options = TrainingOptions(
-        data_dir=dataset.path,
-        checkpoint_dir=checkpoint_dir,
-        strategy=strategy,
-        model=model,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
+    from kubetrain.components.launch_trainjob.launch import (
+        LaunchRequest,
+        TrainingOptions,
+        launch,
+        parse_toleration,
+        shared_volume,
+        text_mapping,
     )
-    result = launch_training(
-        options,
-        backend=backend,
-        job_name=job_name,
+    from kubetrain.jobspec import Resources
+
+    request = LaunchRequest(
+        training=TrainingOptions(
+            data_dir=dataset.path,
+            checkpoint_dir=checkpoint_dir,
+            strategy=strategy,
+            model=model,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+        ),
+        name=job_name,
         run_name=run_name,
         nodes=nodes,
         procs_per_node=procs_per_node,
-        image=image or TRAINER_IMAGE,
+        image=image,
         runtime=runtime,
-        backend_options=BackendOptions(namespace=namespace),
-        shared_volume=Volume(name="shared", claim_name=shared_pvc, mount_path=shared_mount)
-        if shared_pvc and backend != "local"
-        else None,
+        resources=Resources(cpu=cpu, memory=memory, gpu=gpu),
+        env=text_mapping(env, "env"),
+        shared_volume=shared_volume(shared_pvc, shared_mount),
+        node_selector=text_mapping(node_selector, "node_selector"),
+        tolerations=tuple(parse_toleration(t) for t in tolerations or ()),
         service_account=service_account,
         storage_url=storage,
         storage_secret=storage_secret,
         max_restarts=max_restarts,
     )
+    result = launch(request, backend=backend, options=BackendOptions(namespace=namespace))
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(
         result.job_name, result.checkpoint_dir

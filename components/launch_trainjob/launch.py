@@ -1,31 +1,41 @@
-"""Launch step: validate a training job spec and hand it to a backend, returning at once."""
+"""Launch step: one road from every face (CLI, KFP component, Argo template, `kubetrain run`,
+`kubetrain render`) to the job.
+
+A ``LaunchRequest`` holds everything a launch can ask for; ``plan_launch`` turns it into the
+``TrainJobSpec`` (and says what to stage first), ``launch`` creates it on a backend and returns
+at once, ``render_launch`` prints what ``launch`` would create, without a cluster.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from kubetrain import rules, storage
 from kubetrain.backends import BackendOptions, get_backend
-from kubetrain.components.launch_trainjob.staging import stage_dataset
+from kubetrain.backends.base import Backend
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
-from kubetrain.jobspec import Resources, RuntimeRef, TrainJobSpec, Volume
+from kubetrain.jobspec import Initializer, Resources, RuntimeRef, Toleration, TrainJobSpec, Volume
 from kubetrain.names import derive_job_name, label_value, random_job_name
 from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kubetrain"}
+RUN_NAME_LABEL = "kubetrain.io/run-name"
 
 
 @dataclass(frozen=True)
 class TrainingOptions:
     """Options of `python -m kubetrain.train` that the launch step sets."""
 
-    data_dir: str
+    data_dir: str = ""
     checkpoint_dir: str = ""
     strategy: str = "ddp"
     model: str = "mlp"
@@ -81,6 +91,59 @@ class TrainingOptions:
 
 
 @dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a launch can ask for, whichever face it comes from.
+
+    ``command`` empty runs our trainer with ``training``. ``shared_volume`` is a claim this step
+    has mounted at its ``mount_path``, as the nodes will (cluster backends only): a local
+    dataset outside it is copied onto it, and checkpoints default to it. ``storage_url`` (an
+    object-storage URL) puts checkpoints under ``<storage_url>/checkpoints/<run or job>``.
+    """
+
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    command: tuple[str, ...] = ()
+    name: str = ""
+    run_name: str = ""
+    nodes: int = 2
+    procs_per_node: int = 1
+    image: str = ""
+    runtime: str = "torch-distributed"
+    runtime_kind: str = "ClusterTrainingRuntime"
+    resources: Resources = field(default_factory=Resources)
+    env: Mapping[str, str] = field(default_factory=dict)
+    volumes: tuple[Volume, ...] = ()
+    shared_volume: Volume | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    service_account: str = ""
+    storage_url: str = ""
+    storage_secret: str = ""
+    suspend: bool = False
+    max_restarts: int = 0
+    active_deadline_seconds: int | None = None
+    dataset_initializer: Initializer | None = None
+    model_initializer: Initializer | None = None
+    script: str = ""
+
+    @property
+    def runs_our_trainer(self) -> bool:
+        return not self.command
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch creates: the spec, where our trainer's checkpoints go (empty for the
+    user's own program) and the local dataset folder to copy to the nodes' data folder first."""
+
+    spec: TrainJobSpec
+    checkpoint_dir: str
+    stage_from: str = ""
+    stage_to: str = ""
+
+
+@dataclass(frozen=True)
 class LaunchResult:
     job_name: str
     checkpoint_dir: str
@@ -93,6 +156,174 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
     return derive_job_name(run_name) if run_name else random_job_name()
 
 
+def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> LaunchPlan:
+    """The job ``request`` describes on ``backend``: validated, nothing created."""
+    name = resolve_job_name(request.name, request.run_name)
+    shared = request.shared_volume if backend != "local" else None
+    volumes = (*request.volumes, shared) if shared is not None else request.volumes
+    labels = {**MANAGED_BY}
+    if request.run_name:
+        labels[RUN_NAME_LABEL] = label_value(request.run_name)
+    command, checkpoint_dir, stage_from, stage_to = request.command, "", "", ""
+    if request.runs_our_trainer:
+        training = request.training
+        training.validate()
+        source = str(storage.dereference(training.data_dir))
+        data_dir = source
+        if shared is not None and storage.is_local(source) and not _inside(source, shared):
+            stage_from = source
+            data_dir = stage_to = str(Path(shared.mount_path) / "datasets" / name)
+        if training.checkpoint_dir:
+            checkpoint_dir = training.checkpoint_dir
+        elif request.storage_url:
+            checkpoint_dir = str(
+                storage.join(request.storage_url, "checkpoints", request.run_name or name)
+            )
+        elif shared is not None:
+            checkpoint_dir = str(Path(shared.mount_path) / "checkpoints" / name)
+        else:
+            checkpoint_dir = backend_impl.default_checkpoint_dir(name)
+        command = (
+            *TRAINER_COMMAND,
+            *replace(training, data_dir=data_dir).trainer_args(checkpoint_dir),
+        )
+    spec = TrainJobSpec(
+        name=name,
+        command=tuple(command[:1]),
+        args=tuple(command[1:]),
+        image=request.image or TRAINER_IMAGE,
+        env=dict(request.env),
+        num_nodes=request.nodes,
+        procs_per_node=request.procs_per_node,
+        resources_per_node=request.resources,
+        runtime=RuntimeRef(name=request.runtime, kind=request.runtime_kind),
+        volumes=tuple(volumes),
+        labels={**request.labels, **labels},
+        pod_labels={**request.pod_labels, **labels},
+        node_selector=dict(request.node_selector),
+        tolerations=request.tolerations,
+        service_account=request.service_account,
+        storage_secret=request.storage_secret,
+        suspend=request.suspend,
+        max_restarts=request.max_restarts,
+        active_deadline_seconds=request.active_deadline_seconds,
+        dataset_initializer=request.dataset_initializer,
+        model_initializer=request.model_initializer,
+        script=request.script,
+    ).validate()
+    return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to)
+
+
+def _inside(location: str, volume: Volume) -> bool:
+    """Whether a local folder already lies on the shared volume (the Argo workflow's prep
+    step writes there), so it needs no copy."""
+    return Path(storage.local_path(location, "data")).is_relative_to(volume.mount_path)
+
+
+def launch(
+    request: LaunchRequest, backend: str = "local", options: BackendOptions | None = None
+) -> LaunchResult:
+    """Create the job ``request`` describes on ``backend`` and return at once, without
+    waiting for it to run; checked first, so nothing is created for a request that can only
+    fail."""
+    backend_impl = get_backend(backend, options)
+    plan = plan_launch(request, backend, backend_impl)
+    if backend == "local" and request.runs_our_trainer:
+        # Our trainer's nodes run here: what would fail each of them is refused now.
+        check_local_trainer(request.training.data_dir, plan.checkpoint_dir, request.training.model)
+    if plan.stage_from:
+        from kubetrain.components.launch_trainjob.staging import stage_dataset
+
+        stage_dataset(plan.stage_from, plan.stage_to)
+    name = backend_impl.launch(plan.spec)
+    return LaunchResult(job_name=name, checkpoint_dir=plan.checkpoint_dir)
+
+
+def render_launch(
+    request: LaunchRequest, backend: str = "trainer", options: BackendOptions | None = None
+) -> list[dict[str, Any]]:
+    """The objects ``launch`` with the same request would create on a cluster, in creation
+    order, without contacting one (``trainer_version`` auto renders the newest form)."""
+    from kubetrain.render import render_job
+    from kubetrain.render.trainjob import LATEST_VERSION
+
+    if backend not in ("trainer", "job"):
+        raise InvalidInput(
+            "backend",
+            f"{backend!r} has nothing to render",
+            "use --backend trainer (a TrainJob) or job (Indexed Job + headless Service)",
+        )
+    options = (options or BackendOptions()).validate()
+    plan = plan_launch(request, backend, get_backend(backend, options))
+    version = LATEST_VERSION if options.trainer_version == "auto" else options.trainer_version
+    return render_job(plan.spec, backend, options.namespace, version)
+
+
+# ------------------------------------------------------------------ text to spec pieces
+def parse_pairs(pairs: list[str] | tuple[str, ...], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` texts as a mapping (the value may hold ``=``)."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInput(
+                option, f"{pair!r} is not KEY=VALUE", f"write it like {option} NAME=value"
+            )
+        parsed[key] = value
+    return parsed
+
+
+def text_mapping(value: Any, option: str) -> dict[str, str]:
+    """A mapping of text to text, as a KFP ``dict`` parameter gives it (a number is not text:
+    an env value or label value is a string in Kubernetes)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(option, f"{rules.shown(value)} is not a mapping", 'give {"KEY": "v"}')
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise InvalidInput(
+                option, f"{rules.shown(key)}: {rules.shown(item)} is not text", "quote the value"
+            )
+    return dict(value)
+
+
+def parse_volume(text: str) -> Volume:
+    """``NAME=CLAIM:/PATH[:ro]``."""
+    name, sep, rest = text.partition("=")
+    claim, colon, path = rest.partition(":")
+    read_only = path.endswith(":ro")
+    path = path.removesuffix(":ro")
+    if not sep or not colon or not name or not claim or not path:
+        raise InvalidInput(
+            "--volume", f"{text!r} is not NAME=CLAIM:/PATH", "write it like shared=my-pvc:/mnt"
+        )
+    return Volume(name=name, claim_name=claim, mount_path=path, read_only=read_only)
+
+
+def parse_toleration(text: Any) -> Toleration:
+    """``KEY[=VALUE][:EFFECT]``; no value tolerates the taint whatever its value (Exists)."""
+    if not isinstance(text, str):
+        raise InvalidInput(
+            "tolerations",
+            f"{rules.shown(text)} is not text",
+            "write each like nvidia.com/gpu:NoSchedule or key=value:NoSchedule",
+        )
+    taint, _, effect = text.partition(":")
+    key, sep, value = taint.partition("=")
+    return Toleration(key=key, operator="Equal" if sep else "Exists", value=value, effect=effect)
+
+
+def shared_volume(claim: str, mount_path: str) -> Volume | None:
+    """The claim this step and the nodes share, or None without one."""
+    return Volume(name="shared", claim_name=claim, mount_path=mount_path) if claim else None
+
+
+def initializer(uri: str, secret: str) -> Initializer | None:
+    return Initializer(uri, secret) if uri else None
+
+
+# ------------------------------------------------------------------ local pre-flight
 def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
     """Refuse now what would fail every node of our trainer on this machine (the local
     backend), before a job is created that can only fail: a model that does not import, a
@@ -150,83 +381,3 @@ def _check_checkpoint_folder(folder: Path) -> None:
             f"{existing} is not writable",
             "give a folder you may write in for --checkpoint-dir",
         )
-
-
-def launch_job(
-    spec: TrainJobSpec, backend: str = "local", options: BackendOptions | None = None
-) -> str:
-    """Create the job on ``backend`` and return its name without waiting for it to run."""
-    return get_backend(backend, options).launch(spec.validate())
-
-
-def launch_training(
-    options: TrainingOptions,
-    backend: str = "local",
-    job_name: str = "",
-    run_name: str = "",
-    nodes: int = 2,
-    procs_per_node: int = 1,
-    image: str = TRAINER_IMAGE,
-    runtime: str = "torch-distributed",
-    resources: Resources | None = None,
-    env: dict[str, str] | None = None,
-    backend_options: BackendOptions | None = None,
-    shared_volume: Volume | None = None,
-    service_account: str = "",
-    storage_url: str = "",
-    storage_secret: str = "",
-    max_restarts: int = 0,
-) -> LaunchResult:
-    """Launch our DDP/FSDP trainer as a distributed job.
-
-    A dataset in object storage (a URL, or a KFP artifact pointing at one) is read there by
-    the nodes, with the keys of Secret ``storage_secret``; checkpoints go under
-    ``storage_url/checkpoints/<run_name or job>`` when ``storage_url`` is given. Otherwise, with
-    ``shared_volume`` (a PVC this step has mounted at its ``mount_path``, as the nodes will),
-    the dataset is first copied onto it and checkpoints default to it; else the checkpoint
-    folder defaults to the backend's per-job folder.
-    """
-    options.validate()
-    name = resolve_job_name(job_name, run_name)
-    backend_impl = get_backend(backend, backend_options)
-    source = str(storage.dereference(options.data_dir))
-    data_dir, volumes = source, ()
-    copy_dataset = shared_volume is not None and storage.is_local(source)
-    if shared_volume is not None:
-        volumes = (shared_volume,)
-    if copy_dataset:
-        data_dir = str(Path(shared_volume.mount_path) / "datasets" / name)
-    if options.checkpoint_dir:
-        checkpoint_dir = options.checkpoint_dir
-    elif storage_url:
-        checkpoint_dir = str(storage.join(storage_url, "checkpoints", run_name or name))
-    elif shared_volume is not None:
-        checkpoint_dir = str(Path(shared_volume.mount_path) / "checkpoints" / name)
-    else:
-        checkpoint_dir = backend_impl.default_checkpoint_dir(name)
-    labels = {"app.kubernetes.io/managed-by": "kubetrain"}
-    if run_name:
-        labels["kubetrain.io/run-name"] = label_value(run_name)
-    spec = TrainJobSpec(
-        name=name,
-        command=TRAINER_COMMAND,
-        args=replace(options, data_dir=data_dir).trainer_args(checkpoint_dir),
-        image=image,
-        env=dict(env or {}),
-        num_nodes=nodes,
-        procs_per_node=procs_per_node,
-        resources_per_node=resources or Resources(),
-        runtime=RuntimeRef(name=runtime),
-        volumes=volumes,
-        labels=labels,
-        pod_labels=labels,
-        service_account=service_account,
-        storage_secret=storage_secret,
-        max_restarts=max_restarts,
-    ).validate()
-    if backend == "local":
-        check_local_trainer(source, checkpoint_dir, options.model)
-    if copy_dataset:
-        stage_dataset(source, data_dir)
-    backend_impl.launch(spec)
-    return LaunchResult(job_name=name, checkpoint_dir=checkpoint_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kubetrain.cli.jobs import add_target_arguments, backend_options
+from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
-    add_target_arguments(parser)
+    add_backend_arguments(parser)
     parser.add_argument(
         "--timeout",
         type=float,

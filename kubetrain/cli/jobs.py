@@ -4,26 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from kubetrain.backends import BackendOptions, get_backend
+from kubetrain.backends import get_backend
+from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.errors import InvalidInput, JobNotFound
 from kubetrain.names import derive_job_name
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where an existing job runs: the backend and, on a cluster, its namespace."""
-    parser.add_argument(
-        "--backend",
-        default="local",
-        help="where the job runs: local (default), trainer (a Kubeflow Trainer TrainJob) or "
-        "job (Indexed Job + headless Service)",
-    )
-    parser.add_argument(
-        "--namespace", default="default", help="Kubernetes namespace of the job (cluster backends)"
-    )
-
-
-def backend_options(args: argparse.Namespace) -> BackendOptions:
-    return BackendOptions(namespace=args.namespace, on_cancel=getattr(args, "on_cancel", "delete"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     logs.add_argument("name", help="job name")
-    add_target_arguments(logs)
+    add_backend_arguments(logs)
     logs.add_argument(
         "--node",
         type=int,
@@ -68,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="exit 0 when there is no such job (already deleted, or never launched)",
     )
-    add_target_arguments(delete)
+    add_backend_arguments(delete)
     delete.set_defaults(handler=run_delete)
 
 

@@ -1,9 +1,11 @@
 """`kubetrain render trainjob`: print, as YAML, the objects `kubetrain launch` would create.
 
-It takes exactly launch's options (the same argument functions), with defaults that make
-sense without a cluster: ``--backend trainer``, ``--trainer-version auto`` renders the newest
-form (2.3; render never contacts a cluster) and ``--data`` points into the shared volume our
-runtimes mount. Heavy imports happen in the handler so ``kubetrain --help`` stays fast.
+It takes exactly launch's options (the same argument functions, and the same road:
+``request_from_args`` then ``render_launch``, which plans the job as ``launch`` does), with
+defaults that make sense without a cluster: ``--backend trainer``, ``--trainer-version auto``
+renders the newest form (2.3; render never contacts a cluster) and ``--data`` points into the
+shared volume our runtimes mount. Heavy imports happen in the handler so ``kubetrain --help``
+stays fast.
 """
 
 from __future__ import annotations
@@ -11,15 +13,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components.launch_trainjob.cli import (
-    add_backend_arguments,
     add_command_argument,
     add_job_arguments,
     add_training_arguments,
 )
-from kubetrain.errors import InvalidInput
 
-RENDERED_BACKENDS = ("trainer", "job")
 # Mirrors kubetrain.render.pod.DEFAULT_DATA_DIR; kept literal so --help imports nothing heavy.
 DEFAULT_DATA_DIR = "/mnt/shared/data"
 
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "script is rewritten to /workspace/<file>, where it is mounted."
         ),
     )
-    add_backend_arguments(trainjob)
+    add_backend_arguments(trainjob, creates=True)
     add_job_arguments(trainjob)
     add_training_arguments(trainjob)
     add_command_argument(trainjob)
@@ -99,39 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_documents(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The objects to print, in the order to create them (a script's ConfigMap first)."""
-    from kubetrain.backends import BackendOptions
-    from kubetrain.components.launch_trainjob.cli import spec_from_args
-    from kubetrain.components.launch_trainjob.launch import resolve_job_name
-    from kubetrain.render import render_indexed_job, render_script_configmap, render_trainjob
-    from kubetrain.render.pod import default_checkpoint_dir
-    from kubetrain.render.trainjob import LATEST_VERSION
+    """The objects `kubetrain launch` with these options would create, in creation order: the
+    launch step's own request and plan (``render_launch``), not a copy of them."""
+    from kubetrain.components.launch_trainjob.cli import request_from_args
+    from kubetrain.components.launch_trainjob.launch import render_launch
 
-    job_args = argparse.Namespace(**vars(args))
-    if args.backend not in RENDERED_BACKENDS:
-        raise InvalidInput(
-            "backend",
-            f"{args.backend!r} has nothing to render",
-            "use --backend trainer (a TrainJob) or job (Indexed Job + headless Service)",
-        )
-    options = BackendOptions(namespace=args.namespace, trainer_version=args.trainer_version)
-    options.validate()
-    version = LATEST_VERSION if options.trainer_version == "auto" else options.trainer_version
-    # Resolve the name first, so the default checkpoint folder and the job agree on it.
-    job_args.name = resolve_job_name(args.name, args.run_name)
-    job_args.checkpoint_dir = args.checkpoint_dir or default_checkpoint_dir(job_args.name)
-    spec, _ = spec_from_args(job_args)
-
-    documents = []
-    if spec.script:
-        documents.append(render_script_configmap(spec, options.namespace))
-    if args.backend == "trainer":
-        documents.append(
-            render_trainjob(spec, namespace=options.namespace, trainer_version=version)
-        )
-    else:
-        documents.extend(render_indexed_job(spec, namespace=options.namespace))
-    return documents
+    return render_launch(request_from_args(args), args.backend, backend_options(args))
 
 
 def _represent_str(dumper: Any, text: str) -> Any:

@@ -1,4 +1,4 @@
-"""Launch turns training options into a job spec running torchrun -m kubetrain.train."""
+"""Launch turns a request into a job spec running torchrun -m kubetrain.train."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from kubetrain.components.launch_trainjob.cli import parse_pairs
 from kubetrain.components.launch_trainjob.launch import (
+    LaunchRequest,
     TrainingOptions,
-    launch_training,
+    launch,
+    parse_pairs,
     resolve_job_name,
 )
 from kubetrain.errors import InvalidInput
@@ -23,16 +24,18 @@ def local_root(tmp_path, monkeypatch):
 
 
 def test_launch_records_a_torchrun_spec_and_returns_at_once(local_root, digits_dir):
-    result = launch_training(
-        TrainingOptions(data_dir=str(digits_dir), strategy="fsdp", epochs=1),
-        job_name="fsdp-one",
-        nodes=2,
-        procs_per_node=2,
+    result = launch(
+        LaunchRequest(
+            TrainingOptions(data_dir=str(digits_dir), strategy="fsdp", epochs=1),
+            name="fsdp-one",
+            nodes=2,
+            procs_per_node=2,
+        )
     )
     assert result.job_name == "fsdp-one"
     assert result.checkpoint_dir == str(local_root / "fsdp-one" / "checkpoints")
     spec = json.loads((local_root / "fsdp-one" / "job.json").read_text())["spec"]
-    assert spec["command"] == ["torchrun", "-m", "kubetrain.train"]
+    assert [*spec["command"], *spec["args"][:2]] == ["torchrun", "-m", "kubetrain.train"]
     args = spec["args"]
     assert args[args.index("--strategy") + 1] == "fsdp"
     assert args[args.index("--data") + 1] == str(digits_dir)
@@ -60,19 +63,19 @@ def test_names_derive_from_the_run_so_a_retry_finds_its_job():
 )
 def test_bad_training_options_create_nothing(local_root, options, field):
     with pytest.raises(InvalidInput) as refused:
-        launch_training(TrainingOptions(**{"data_dir": "/data", **options}), job_name="never")
+        launch(LaunchRequest(TrainingOptions(**{"data_dir": "/data", **options}), name="never"))
     assert refused.value.field == field
     assert not (local_root / "never").exists()
 
 
 def test_bad_topology_creates_nothing(local_root):
     with pytest.raises(InvalidInput, match="nodes"):
-        launch_training(TrainingOptions(data_dir="/data"), job_name="never", nodes=0)
+        launch(LaunchRequest(TrainingOptions(data_dir="/data"), name="never", nodes=0))
     assert not (local_root / "never").exists()
 
 
 def test_the_pipeline_face_refuses_what_local_nodes_would(local_root, digits_dir, tmp_path):
-    """launch_training (the KFP component) runs the same local checks as `kubetrain launch`."""
+    """launch (the KFP component's road too) refuses what our trainer's local nodes would."""
     (tmp_path / "a-file").write_text("not a folder\n")
     cases = [
         ({"data_dir": str(tmp_path)}, "data"),
@@ -82,7 +85,7 @@ def test_the_pipeline_face_refuses_what_local_nodes_would(local_root, digits_dir
     ]  # fmt: skip
     for options, field in cases:
         with pytest.raises(InvalidInput) as refused:
-            launch_training(TrainingOptions(**options), job_name="never")
+            launch(LaunchRequest(TrainingOptions(**options), name="never"))
         assert refused.value.field == field
     assert not (local_root / "never").exists()
 
@@ -93,36 +96,50 @@ def test_env_pairs_must_be_key_value():
         parse_pairs(["NOVALUE"], "--env")
 
 
-def test_a_shared_volume_gets_the_dataset_and_the_checkpoints(local_root, digits_dir, tmp_path):
+def test_a_shared_volume_gets_the_dataset_and_the_checkpoints(
+    k8s, digits_dir, tmp_path, monkeypatch
+):
+    """On a cluster backend, a local dataset is copied onto the claim the step shares with the
+    nodes, which mount it at the same path; checkpoints default to it too."""
     from kubetrain.artifacts.datasets import read_manifest
-    from kubetrain.backends.local.backend import LocalBackend
     from kubetrain.jobspec import Volume
 
+    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "kubeconfig")))
     shared = tmp_path / "shared"
     volume = Volume(name="shared", claim_name="kubetrain-shared", mount_path=str(shared))
-    result = launch_training(
+    run_name = "kubetrain-training-2026-11-23-09-10-00-685339"
+    request = LaunchRequest(
         TrainingOptions(data_dir=str(digits_dir), epochs=1),
-        job_name="staged",
+        name="staged",
         nodes=1,
         shared_volume=volume,
-        run_name="kubetrain-training-2026-11-23-09-10-00-685339",
+        run_name=run_name,
     )
+    result = launch(request, backend="trainer")
     staged = shared / "datasets" / "staged"
     assert read_manifest(staged) == read_manifest(digits_dir)
     assert result.checkpoint_dir == str(shared / "checkpoints" / "staged")
-    spec = json.loads((local_root / "staged" / "job.json").read_text())["spec"]
-    assert spec["args"][spec["args"].index("--data") + 1] == str(staged)
-    assert spec["volumes"] == [
-        {
-            "name": "shared",
-            "claim_name": "kubetrain-shared",
-            "mount_path": str(shared),
-            "read_only": False,
-        }
-    ]
-    assert (
-        spec["labels"]["kubetrain.io/run-name"] == "kubetrain-training-2026-11-23-09-10-00-685339"
+    trainjob = k8s.emulator.get("trainjobs", "staged")
+    args = trainjob["spec"]["trainer"]["args"]
+    assert args[args.index("--data") + 1] == str(staged)
+    assert args[args.index("--checkpoint-dir") + 1] == result.checkpoint_dir
+    assert "kubetrain-shared" in json.dumps(trainjob["spec"]["runtimePatches"])
+    assert trainjob["metadata"]["labels"]["kubetrain.io/run-name"] == run_name
+
+
+def test_a_dataset_already_on_the_shared_volume_is_not_copied(k8s, tmp_path, monkeypatch):
+    """The Argo workflow's prep step writes onto the claim: launch uses it where it is."""
+    from kubetrain.backends import get_backend
+    from kubetrain.components.launch_trainjob.launch import plan_launch
+    from kubetrain.jobspec import Volume
+
+    volume = Volume(name="shared", claim_name="c", mount_path="/mnt/shared")
+    request = LaunchRequest(
+        TrainingOptions(data_dir="/mnt/shared/datasets/run-1"), name="j", shared_volume=volume
     )
-    status = LocalBackend().wait("staged", timeout=120)
-    assert status.state == "Complete", LocalBackend().logs("staged")
-    assert (shared / "checkpoints" / "staged" / "LATEST").is_file()
+    plan = plan_launch(request, "trainer", get_backend("trainer"))
+    assert (plan.stage_from, plan.stage_to) == ("", "")
+    assert plan.spec.args[plan.spec.args.index("--data") + 1] == "/mnt/shared/datasets/run-1"
+    assert plan.checkpoint_dir == "/mnt/shared/checkpoints/j"
+    local = plan_launch(request, "local", get_backend("local"))
+    assert local.spec.volumes == () and local.checkpoint_dir.endswith("/j/checkpoints")

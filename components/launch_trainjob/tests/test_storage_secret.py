@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from kubetrain.cli import build_parser
-from kubetrain.components.launch_trainjob.cli import spec_from_args
+from kubetrain.components.launch_trainjob.cli import request_from_args
+from kubetrain.components.launch_trainjob.launch import plan_launch
 from kubetrain.render import render_indexed_job, render_trainjob
 from kubetrain.render.pod import NODE, STORAGE_ENV_KEYS
 
@@ -19,7 +20,15 @@ def launch_spec(*extra: str):
         + ["--data", "s3://bucket/datasets/digits"]
         + ["--checkpoint-dir", "s3://bucket/checkpoints/digits", *extra]
     )
-    return spec_from_args(args)
+    return spec_and_checkpoints(args)
+
+
+def spec_and_checkpoints(args):
+    """The spec launch would create for the arguments, and the trainer's checkpoint folder."""
+    from kubetrain.backends import get_backend
+
+    plan = plan_launch(request_from_args(args), args.backend, get_backend(args.backend))
+    return plan.spec, plan.checkpoint_dir
 
 
 def test_urls_reach_the_trainer_command_unchanged() -> None:
@@ -51,7 +60,7 @@ def test_indexed_job_node_container_has_env_from_secret_ref() -> None:
 def test_no_secret_no_reference(monkeypatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "must-not-leak")
     args = build_parser().parse_args(["launch", "--backend", "trainer", "--data", "/d"])
-    spec, _ = spec_from_args(args)
+    spec, _ = spec_and_checkpoints(args)
     rendered = json.dumps([render_trainjob(spec), render_indexed_job(spec)])
     assert "secretRef" not in rendered and "secretKeyRef" not in rendered
     assert "must-not-leak" not in rendered

@@ -1,0 +1,183 @@
+"""The package's layers, written down as a test (like kubeflow/pipelines-components' import
+guard): each layer imports only layers below it, and only the CLI layer reaches up into the
+steps and pipelines it hosts. Imports are read from the source (ast), so an import inside a
+function counts as much as one at the top."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Layers from the bottom up; a module may import its own layer and the ones before it.
+LAYERS = (
+    "foundations",  # kubetrain/*.py: errors, the job spec, validation rules, names, images
+    "storage",  # kubetrain/storage: URLs, verified copy, atomic publishing, integrity
+    "artifacts",  # kubetrain/artifacts: dataset, checkpoint and model formats
+    "render",  # kubetrain/render: the job spec as Kubernetes objects
+    "train",  # kubetrain/train: our DDP/FSDP trainer
+    "backends",  # kubetrain/backends: local processes, the Kubernetes API
+    "steps",  # components/<step>, components/_shared
+    "pipelines",  # pipelines/: the KFP pipeline and the Argo workflow
+    "cli",  # kubetrain/cli: the program's own verbs
+)
+#: Layers that run without a cluster client or a pipeline SDK.
+NO_ORCHESTRATION = ("foundations", "storage", "artifacts", "render", "train")
+ORCHESTRATION_PACKAGES = ("kfp", "hera", "kubernetes")
+#: The ``__main__`` of the package is the console script's other door, part of the CLI.
+CLI_MODULES = ("kubetrain.__main__",)
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a kubetrain module (dotted name) belongs to; None for anything else."""
+    parts = module.split(".")
+    if parts[0] != "kubetrain":
+        return None
+    if module in CLI_MODULES:
+        return "cli"
+    if len(parts) == 1:
+        return "foundations"
+    top = parts[1]
+    if top == "components":
+        return "steps"
+    if top in ("storage", "artifacts", "render", "train", "backends", "pipelines", "cli"):
+        return top
+    return "foundations"
+
+
+def module_name(path: Path) -> str:
+    """The dotted name a source file is installed as (components/ and pipelines/ are mapped
+    onto kubetrain.components / kubetrain.pipelines, as pyproject.toml says)."""
+    relative = path.relative_to(REPO_ROOT).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if parts[0] in ("components", "pipelines"):
+        parts.insert(0, "kubetrain")
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str) -> Iterable[str]:
+    """Every module an ``import`` or ``from ... import`` names, at any depth of the file."""
+    package = module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            # ``from kubetrain import storage`` names a module of another layer than its parent.
+            yield from (
+                f"{base}.{alias.name}"
+                for alias in node.names
+                if layer_of(f"{base}.{alias.name}") != layer_of(base)
+            )
+
+
+def violations(sources: dict[str, str]) -> list[str]:
+    """Each forbidden import in ``sources`` (module name -> source), as one readable line."""
+    found = []
+    for module, source in sorted(sources.items()):
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        rank = LAYERS.index(layer)
+        for imported in sorted(set(imported_modules(source, module))):
+            if imported == module:
+                continue
+            target = layer_of(imported)
+            top_package = imported.split(".")[0]
+            if target is not None and LAYERS.index(target) > rank:
+                found.append(f"{module} ({layer}) imports {imported} ({target})")
+            elif layer in NO_ORCHESTRATION and top_package in ORCHESTRATION_PACKAGES:
+                found.append(f"{module} ({layer}) imports {imported}")
+    return found
+
+
+def package_sources() -> dict[str, str]:
+    """Every module the wheel installs, by dotted name (component tests excluded)."""
+    files = [
+        *(REPO_ROOT / "kubetrain").rglob("*.py"),
+        *(REPO_ROOT / "components").rglob("*.py"),
+        *(REPO_ROOT / "pipelines").rglob("*.py"),
+    ]
+    return {
+        module_name(path): path.read_text()
+        for path in files
+        if "tests" not in path.relative_to(REPO_ROOT).parts
+    }
+
+
+def test_every_module_keeps_to_its_layer() -> None:
+    sources = package_sources()
+    assert "kubetrain.backends.kubernetes.backend" in sources  # the walk found the tree
+    assert violations(sources) == []
+
+
+def test_only_the_cli_layer_imports_components_or_pipelines() -> None:
+    reaching_up = [
+        f"{module} imports {imported}"
+        for module, source in package_sources().items()
+        if module.startswith("kubetrain.") and layer_of(module) not in ("steps", "pipelines", "cli")
+        for imported in imported_modules(source, module)
+        if imported.startswith(("kubetrain.components", "kubetrain.pipelines"))
+    ]
+    assert reaching_up == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        # a backend reaching up into a step, lazily inside a function
+        (
+            "kubetrain.backends.local.backend",
+            "def f():\n    from kubetrain.components.launch_trainjob import launch\n",
+            "kubetrain.backends.local.backend (backends) imports "
+            "kubetrain.components.launch_trainjob (steps)",
+        ),
+        # a step importing the CLI layer
+        (
+            "kubetrain.components.wait_trainjob.cli",
+            "from kubetrain.cli.jobs import backend_options\n",
+            "kubetrain.components.wait_trainjob.cli (steps) imports kubetrain.cli.jobs (cli)",
+        ),
+        # the artifact formats needing a cluster client
+        (
+            "kubetrain.artifacts.checkpoint",
+            "import kubernetes.client\n",
+            "kubetrain.artifacts.checkpoint (artifacts) imports kubernetes.client",
+        ),
+        # a foundation module importing a pipeline SDK, named through its parent package
+        (
+            "kubetrain.rules",
+            "from kfp import dsl\n",
+            "kubetrain.rules (foundations) imports kfp",
+        ),
+        # storage reaching into the artifact formats, relatively
+        (
+            "kubetrain.storage.verified_copy",
+            "from ..artifacts import manifest\n",
+            "kubetrain.storage.verified_copy (storage) imports kubetrain.artifacts (artifacts)",
+        ),
+    ],
+)
+def test_a_forbidden_import_is_caught(module: str, source: str, expected: str) -> None:
+    sources = {**package_sources(), module: source}
+    assert expected in violations(sources)
+
+
+def test_allowed_imports_pass() -> None:
+    sources = {
+        "kubetrain.cli.run": "from kubetrain.pipelines.training_pipeline import x\n",
+        "kubetrain.components.collect_checkpoint.collect": "from kubetrain.artifacts import x\n",
+        "kubetrain.backends.kubernetes.backend": "import kubernetes.client\n",
+        "kubetrain.train.trainer": "import torch\nfrom kubetrain.artifacts import checkpoint\n",
+    }
+    assert violations(sources) == []

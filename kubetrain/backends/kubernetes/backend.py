@@ -52,14 +52,15 @@ from kubetrain.backends.kubernetes.pods import (
     PodProblem,
     first_failure,
     latest_by_node,
+    list_job_pods,
     node_container,
     node_statuses,
 )
-from kubetrain.backends.kubernetes.wait import Stalled, WaitSession, timestamp
+from kubetrain.backends.kubernetes.wait import Stalled, WaitContext, WaitSession, timestamp
 from kubetrain.backends.kubernetes.watch import WATCH_SECONDS
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
-from kubetrain.render import render_indexed_job, render_script_configmap, render_trainjob
+from kubetrain.render import render_job
 from kubetrain.render.metadata import JOB_NAME_LABEL, validate_namespace
 from kubetrain.render.pod import default_checkpoint_dir
 from kubetrain.render.script import script_configmap_name
@@ -114,9 +115,17 @@ class KubernetesBackend:
     def objects(self) -> KubeObjects:
         return KubeObjects(self._api_client or load_api_client(), self.retry)
 
-    def grace_seconds(self, grace: str) -> float:
-        return {"image_pull": self.image_pull_grace, "unschedulable": self.unschedulable_grace}.get(
-            grace, 0.0
+    def wait_context(self) -> WaitContext:
+        """What a ``WaitSession`` needs of this backend (it is not given the backend itself:
+        ``wait`` must not import this module back)."""
+        return WaitContext(
+            objects=self.objects,
+            kind=self.kind,
+            namespace=self.namespace,
+            watch_seconds=self.watch_seconds,
+            image_pull_grace=self.image_pull_grace,
+            unschedulable_grace=self.unschedulable_grace,
+            warn=self.warn,
         )
 
     def default_checkpoint_dir(self, name: str) -> str:
@@ -160,19 +169,9 @@ class KubernetesBackend:
     def render(
         self, spec: TrainJobSpec, trainer_version: str, owner: dict[str, str] | None
     ) -> list[dict[str, Any]]:
-        """Every object of the job, in creation order (the job's own object last)."""
-        rendered = []
-        if spec.script:
-            rendered.append(render_script_configmap(spec, self.namespace, owner=owner))
-        if self.kind.backend == "trainer":
-            rendered.append(
-                render_trainjob(
-                    spec, namespace=self.namespace, trainer_version=trainer_version, owner=owner
-                )
-            )
-        else:
-            rendered += render_indexed_job(spec, namespace=self.namespace, owner=owner)
-        return rendered
+        """Every object of the job, in creation order (the job's own object last): the same
+        list ``kubetrain render`` prints, from the one ``render_job``."""
+        return render_job(spec, self.kind.backend, self.namespace, trainer_version, owner)
 
     # ------------------------------------------------------------------------ status
     def get_job(self, name: str) -> dict[str, Any]:
@@ -190,14 +189,8 @@ class KubernetesBackend:
         )
 
     def list_pods(self, name: str) -> list[kubernetes.client.V1Pod]:
-        action = Action("list", "pods", namespace=self.namespace)
-        listing = self.objects.call(
-            action,
-            self.objects.core.list_namespaced_pod,
-            self.namespace,
-            label_selector=self.kind.pod_selector(name),
-        )
-        return list(listing.items)
+        """The job's pods (``list_job_pods``, which a wait session calls too)."""
+        return list_job_pods(self.objects, self.kind, self.namespace, name)
 
     def status(self, name: str) -> JobStatus:
         job = self.get_job(name)
@@ -228,10 +221,11 @@ class KubernetesBackend:
     ) -> JobStatus:
         """Follow the job to its end (see ``WaitSession``). With ``stall_timeout``, a running
         job that prints no rank-0 log line for that long is stopped as a cancelled wait
-        stops it (``options.on_cancel``) and reported as ``JobStalled`` (exit 3)."""
+        stops it (``options.on_cancel``) and reported as ``JobStalled`` (exit 3). A pod
+        problem that ends the session early is explained and acted on here (``fail_early``)."""
         with signals_cancel() as cancel:
             session = WaitSession(
-                self,
+                self.wait_context(),
                 name,
                 timeout=timeout,
                 on_log_line=on_log_line,
@@ -239,7 +233,7 @@ class KubernetesBackend:
                 stall_timeout=stall_timeout,
             )
             try:
-                return session.run()
+                result = session.run()
             except Stalled as stalled:
                 outcome = self.release(name)
                 raise JobStalled(
@@ -255,6 +249,9 @@ class KubernetesBackend:
                     f"{outcome}",
                     exit_code=128 + cancelled.signum,
                 ) from None
+            if result.problem is not None:
+                return self.fail_early(name, result.problem, result.status)
+            return result.status
 
     def release(self, name: str) -> str:
         """Stop a job we give up on (``options.on_cancel``): delete or suspend it. Returns what
@@ -282,8 +279,9 @@ class KubernetesBackend:
             )
 
     def fail_early(self, name: str, problem: PodProblem, status: JobStatus) -> JobStatus:
-        """A pod problem that will not go away: explain it (events, last log lines), release
-        the job so it holds no resources, and report it as Failed."""
+        """A pod problem that will not go away (a wait session's ``WaitResult.problem``):
+        explain it (events, last log lines), release the job so it holds no resources, and
+        report it as Failed."""
         events = self.pod_events(problem.pod)
         tail = self.read_log(problem.pod, FAILURE_LOG_LINES) if problem.exit_code else []
         outcome = self.release(name)
@@ -371,7 +369,7 @@ class KubernetesBackend:
         lines: queue.Queue = queue.Queue()
         done = object()
         session = WaitSession(
-            self,
+            self.wait_context(),
             name,
             timeout=None,
             on_log_line=lines.put,
@@ -383,7 +381,7 @@ class KubernetesBackend:
 
         def run() -> None:
             try:
-                session.run()
+                session.run()  # no pod problem to act on: fail_early=False
             except BaseException as error:  # re-raised in the consuming thread
                 errors.append(error)
             finally:

@@ -10,13 +10,27 @@ from dataclasses import dataclass
 from kubernetes.client import V1ContainerStateTerminated, V1ContainerStatus, V1Pod
 
 from kubetrain.backends.base import NodeStatus
-from kubetrain.backends.kubernetes.kinds import COMPLETION_INDEX, JOB_INDEX_LABEL, NODE
+from kubetrain.backends.kubernetes.client import Action
+from kubetrain.backends.kubernetes.kinds import COMPLETION_INDEX, JOB_INDEX_LABEL, NODE, JobKind
+from kubetrain.backends.kubernetes.objects import KubeObjects
 
 #: Waiting reasons of a container whose image cannot be pulled.
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "RegistryUnavailable")
 #: Waiting reasons of a container the kubelet cannot create (a missing Secret/ConfigMap...).
 CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
 OOM = "OOMKilled"
+
+
+def list_job_pods(objects: KubeObjects, kind: JobKind, namespace: str, name: str) -> list[V1Pod]:
+    """The pods of job ``name`` (every node, every restart), listed once. A plain function so
+    that both the backend and a wait session (which does not hold the backend) can call it."""
+    listing = objects.call(
+        Action("list", "pods", namespace=namespace),
+        objects.core.list_namespaced_pod,
+        namespace,
+        label_selector=kind.pod_selector(name),
+    )
+    return list(listing.items)
 
 
 def node_index(pod: V1Pod) -> int | None:

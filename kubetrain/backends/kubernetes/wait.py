@@ -4,8 +4,12 @@
 The job is Complete or Failed when its conditions say so, as a watch event reports it. Before
 that, the pods may show it will never finish by itself: an image that cannot be pulled or a
 pod no node can take (after a grace period), a crash loop or an out-of-memory kill (at once);
-then the wait fails early with the reason and the pod's events. The failing node's exit code
-comes from its container's termination as the pod watch saw it, even if the pod is gone later.
+then the wait ends early with that problem, which the backend explains (the pod's events) and
+acts on. The failing node's exit code comes from its container's termination as the pod watch
+saw it, even if the pod is gone later.
+
+A session holds a ``WaitContext`` (the API objects, the job kind, namespace and the wait's
+settings), not the backend: the backend uses this module, so this module does not use it back.
 """
 
 from __future__ import annotations
@@ -15,27 +19,28 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from kubernetes.client import V1Pod
 
 from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action
+from kubetrain.backends.kubernetes.kinds import JobKind
 from kubetrain.backends.kubernetes.logs import LogFollower
+from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.backends.kubernetes.pods import (
     PodProblem,
     diagnose,
     first_failure,
     latest_by_node,
+    list_job_pods,
     node_statuses,
     terminated,
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
 from kubetrain.errors import KubetrainError
-
-if TYPE_CHECKING:
-    from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
 #: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
 TICK_SECONDS = 0.2
@@ -63,12 +68,44 @@ class Stalled(Exception):
         self.seconds = seconds
 
 
+@dataclass(frozen=True)
+class WaitContext:
+    """What a wait needs of the backend, and no more: where the job is and the wait's
+    settings (the grace periods a pod problem gets, how long one watch request lasts). The
+    API objects' retry policy is the one the watchers and log followers use."""
+
+    objects: KubeObjects
+    kind: JobKind
+    namespace: str
+    watch_seconds: int
+    image_pull_grace: float
+    unschedulable_grace: float
+    warn: Callable[[str], None]
+
+    def grace_seconds(self, grace: str) -> float:
+        """How long a pod problem with this ``PodProblem.grace`` may last (0: none)."""
+        return {"image_pull": self.image_pull_grace, "unschedulable": self.unschedulable_grace}.get(
+            grace, 0.0
+        )
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """How a wait ended: the job's final status, and the pod problem that ended it early
+    (None when the job itself ended). The session only reports the problem; the backend
+    explains it and releases the job (``KubernetesBackend.fail_early``)."""
+
+    status: JobStatus
+    problem: PodProblem | None = None
+
+
 class WaitSession:
-    """One wait (or one ``logs --follow``): start the watchers, decide, clean up."""
+    """One wait (or one ``logs --follow``): start the watchers, decide, clean up. With
+    ``fail_early`` False, pod problems are not looked for (the job's own end decides)."""
 
     def __init__(
         self,
-        backend: KubernetesBackend,
+        context: WaitContext,
         name: str,
         *,
         timeout: float | None,
@@ -79,10 +116,10 @@ class WaitSession:
         fail_early: bool = True,
         stall_timeout: float | None = None,
     ) -> None:
-        self.backend = backend
+        self.context = context
         self.name = name
-        self.kind = backend.kind
-        self.namespace = backend.namespace
+        self.kind = context.kind
+        self.namespace = context.namespace
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.timeout = timeout
         self.cancel = cancel or CancelRequest()
@@ -108,11 +145,11 @@ class WaitSession:
                 if node == 0 and stall_timeout is not None:
                     line_to = self._noting_progress(line_to)
                 self.followers[node] = LogFollower(
-                    backend.objects.core,
+                    context.objects.core,
                     self.namespace,
                     line_to,
-                    retry=backend.retry,
-                    warn=backend.warn,
+                    retry=context.objects.retry,
+                    warn=context.warn,
                 )
 
     def _noting_progress(self, on_line: Callable[[str], None]) -> Callable[[str], None]:
@@ -149,13 +186,13 @@ class WaitSession:
             JOB,
             self.events,
             Action("watch", kind.plural, kind.group, self.name, self.namespace),
-            self.backend.objects.custom.list_namespaced_custom_object,
+            self.context.objects.custom.list_namespaced_custom_object,
             kind.group,
             kind.version,
             self.namespace,
             kind.plural,
-            retry=self.backend.retry,
-            watch_seconds=self.backend.watch_seconds,
+            retry=self.context.objects.retry,
+            watch_seconds=self.context.watch_seconds,
             field_selector=f"metadata.name={self.name}",
         )
 
@@ -164,15 +201,18 @@ class WaitSession:
             PODS,
             self.events,
             Action("watch", "pods", "", namespace=self.namespace),
-            self.backend.objects.core.list_namespaced_pod,
+            self.context.objects.core.list_namespaced_pod,
             self.namespace,
-            retry=self.backend.retry,
-            watch_seconds=self.backend.watch_seconds,
+            retry=self.context.objects.retry,
+            watch_seconds=self.context.watch_seconds,
             label_selector=self.kind.pod_selector(self.name),
         )
 
     # ------------------------------------------------------------------------ running
-    def run(self) -> JobStatus:
+    def run(self) -> WaitResult:
+        """Follow the job until it ends (or a pod problem ends the wait early: its node's last
+        log lines are drained first) and return how; raises on a timeout, ``Cancelled``,
+        ``Stalled``, stop() or an API error. The watchers are stopped on return."""
         for thread in [*self.watchers, *self.followers.values()]:
             thread.start()
         try:
@@ -187,9 +227,9 @@ class WaitSession:
                     status, problem = decision
                     if problem is None:
                         self._drain_logs(LOG_DRAIN_SECONDS)
-                        return status
+                        return WaitResult(status)
                     self._drain_logs(EARLY_FAILURE_DRAIN_SECONDS)
-                    return self.backend.fail_early(self.name, problem, status)
+                    return WaitResult(status, problem)
                 if self._stalled():
                     raise Stalled(self.stall_timeout or 0.0)
                 if self.deadline is not None and time.monotonic() > self.deadline:
@@ -299,7 +339,7 @@ class WaitSession:
             key = (problem.pod, problem.reason)
             seen.add(key)
             since = self.problem_since.setdefault(key, now)
-            if now - since >= self.backend.grace_seconds(problem.grace) and expired is None:
+            if now - since >= self.context.grace_seconds(problem.grace) and expired is None:
                 expired = problem
         for key in set(self.problem_since) - seen:
             del self.problem_since[key]
@@ -312,7 +352,7 @@ class WaitSession:
         if latest and all(terminated(pod) for pod in latest):
             return
         try:
-            pods = self.backend.list_pods(self.name)
+            pods = list_job_pods(self.context.objects, self.kind, self.namespace, self.name)
         except KubetrainError:
             return  # best effort: the status is decided already
         self._apply_pods(Snapshot(PODS, pods))

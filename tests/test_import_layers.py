@@ -181,3 +181,24 @@ def test_allowed_imports_pass() -> None:
         "kubetrain.train.trainer": "import torch\nfrom kubetrain.artifacts import checkpoint\n",
     }
     assert violations(sources) == []
+
+
+def test_the_package_keeps_few_top_level_modules_and_ships_no_test_harness() -> None:
+    """At most 12 modules at the top of kubetrain/ (the rest lives in subpackages by concern),
+    every package folder is in the wheel, and no test support is."""
+    import tomllib
+
+    top_level = sorted(path.name for path in (REPO_ROOT / "kubetrain").glob("*.py"))
+    assert len(top_level) <= 12, top_level
+    packaged = set(
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        module_name(init)
+        for root in ("kubetrain", "components", "pipelines")
+        for init in (REPO_ROOT / root).rglob("__init__.py")
+        if "tests" not in init.relative_to(REPO_ROOT).parts
+    }
+    assert packaged == folders
+    assert not [name for name in packaged if "test" in name]
+    assert not (REPO_ROOT / "kubetrain" / "testing").exists()

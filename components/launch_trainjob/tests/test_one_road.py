@@ -130,14 +130,27 @@ def test_a_script_renders_its_configmap_first_as_launch_creates_it(cluster, tmp_
     assert yaml.safe_dump(printed) == yaml.safe_dump([configmap, trainjob])
 
 
-def test_the_component_refuses_a_bad_placement_before_creating_anything(cluster, digits_dir):
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"env": {"EPOCHS": 3}}, "env"),  # a number, where Kubernetes takes text
+        ({"node_selector": ["gpu=h100"]}, "node_selector"),  # not a mapping
+        ({"tolerations": [{"key": "nvidia.com/gpu"}]}, "tolerations"),  # not KEY[=VALUE][:EFFECT]
+        ({"tolerations": ["bad key!:NoSchedule"]}, "tolerations.key"),
+        ({"gpu": -1}, "resources_per_node.gpu"),
+    ],
+)
+def test_the_component_refuses_a_bad_placement_before_creating_anything(
+    cluster, digits_dir, tmp_path, bad, field
+):
     from kubetrain.errors import InvalidInput
 
     dataset = types.SimpleNamespace(path=str(digits_dir))
-    bad = {**PIPELINE_ARGUMENTS, "env": {"EPOCHS": 3}, "shared_pvc": ""}
-    with pytest.raises(InvalidInput, match="env"):
-        launch_trainjob.python_func(dataset=dataset, **bad)
-    bad = {**PIPELINE_ARGUMENTS, "tolerations": [{"key": "x"}], "shared_pvc": ""}
-    with pytest.raises(InvalidInput, match="tolerations"):
-        launch_trainjob.python_func(dataset=dataset, **bad)
+    arguments = {**PIPELINE_ARGUMENTS, "shared_mount": str(tmp_path / "shared"), **bad}
+    with pytest.raises(InvalidInput) as refused:
+        launch_trainjob.python_func(dataset=dataset, **arguments)
+    assert refused.value.field == field
+    assert "\n" not in str(refused.value)
     assert cluster.emulator.list("trainjobs") == []
+    assert not (tmp_path / "shared").exists()  # nothing staged either

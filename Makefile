@@ -1,5 +1,6 @@
 # kubetrain: `make run` runs the whole pipeline on this machine, `make test` runs the tests.
-# Both set up .venv first (torch pinned to the CPU build torch==2.13.0).
+# Both set up .venv first: torch pinned to the CPU build torch==2.13.0 first, then '.[dev]'
+# (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib).
 
 PYTHON ?= python3
 VENV ?= .venv

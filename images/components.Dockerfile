@@ -13,15 +13,18 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The steps need torch only on CPU (collect, evaluate): take the CPU build, not the CUDA one.
+# The steps need torch only on CPU (collect, evaluate): take the CPU build, not the CUDA one,
+# before kubetrain[train] (which then keeps it).
 RUN python -m pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 
 COPY pyproject.toml README.md /tmp/kubetrain/
 COPY kubetrain /tmp/kubetrain/kubetrain
 COPY components /tmp/kubetrain/components
 COPY pipelines /tmp/kubetrain/pipelines
-RUN python -m pip install /tmp/kubetrain kfp \
-    && python -c "import kfp, kubetrain.components.launch_trainjob.component" \
+# The `train` extra: prep, collect and evaluate need torch, numpy, scikit-learn, safetensors
+# and matplotlib (the base install only compiles, renders, submits and drives cluster jobs).
+RUN python -m pip install "/tmp/kubetrain[train]" kfp \
+    && python -c "import kfp, torch, kubetrain.components.launch_trainjob.component" \
     && rm -rf /tmp/kubetrain
 
 RUN groupadd --gid 10001 kubetrain \

@@ -13,12 +13,13 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# torch comes from the base image (its CUDA build satisfies torch>=2.6, so pip keeps it).
+# torch comes from the base image (its CUDA build satisfies the `train` extra's torch>=2.6, so
+# pip keeps it); the extra adds numpy, scikit-learn, safetensors and matplotlib.
 COPY pyproject.toml README.md /tmp/kubetrain/
 COPY kubetrain /tmp/kubetrain/kubetrain
 COPY components /tmp/kubetrain/components
 COPY pipelines /tmp/kubetrain/pipelines
-RUN python -m pip install /tmp/kubetrain \
+RUN python -m pip install "/tmp/kubetrain[train]" \
     && python -c "import kubetrain.train, torch; print('kubetrain on torch', torch.__version__)" \
     && rm -rf /tmp/kubetrain
 

@@ -90,6 +90,18 @@ FOREIGN_CONTENT_ERRORS = (KeyError, TypeError, ValueError, IndexError, Attribute
 NEARLY_FULL_BYTES = 1 << 20
 #: Libraries written in Rust/C++ (safetensors) report an OS error only in their message.
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+#: Packages of an optional extra, by the top-level module a ``ModuleNotFoundError`` names:
+#: (the package pip installs, the extra that brings it). The base install (compile, render,
+#: submit, the cluster backends) needs none of them.
+EXTRA_MODULES = {
+    "torch": ("torch", "train"),
+    "numpy": ("numpy", "train"),
+    "sklearn": ("scikit-learn", "train"),
+    "safetensors": ("safetensors", "train"),
+    "matplotlib": ("matplotlib", "train"),
+    "torchvision": ("torchvision", "vision"),
+    "s3fs": ("s3fs", "s3"),
+}
 
 
 @contextlib.contextmanager
@@ -137,6 +149,28 @@ def os_error_of(exc: BaseException) -> OSError | None:
             return OSError(code, os.strerror(code))
         suppressed = current.__suppress_context__
         current = current.__cause__ or (None if suppressed else current.__context__)
+    return None
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """``PACKAGE is not installed; install kubetrain[EXTRA] (...)`` when ``exc``, or what it
+    was explicitly raised from (``raise ... from``), is the ModuleNotFoundError of a package of
+    an optional extra: a command that trains, preps, collects or evaluates on a base install
+    (no torch). None otherwise (a ModuleNotFoundError merely being handled when ``exc`` was
+    raised is not its cause)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            found = EXTRA_MODULES.get(current.name.partition(".")[0])
+            if found is not None:
+                package, extra = found
+                return (
+                    f"{package} is not installed; install kubetrain[{extra}] "
+                    f"(pip install 'kubetrain[{extra}]')"
+                )
+        current = current.__cause__
     return None
 
 
@@ -238,12 +272,17 @@ def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, in
     """The one line (without the program's name) and the exit code that report ``exc``:
 
     * a KubetrainError: its own line and exit code;
+    * a package of an optional extra that is not installed (``missing_extra``: torch on a base
+      install): the package and the extra to install, exit 1;
     * an error of the environment or of a file's content (``describe``): the path, the problem
       and the fix, exit 1;
     * anything else is a bug of ours: "internal error (TYPE: message)", exit 1, never silent.
     """
     if isinstance(exc, KubetrainError):
         return " ".join(str(exc).split()), exc.exit_code
+    missing = missing_extra(exc)
+    if missing is not None:
+        return missing, 1
     line = describe(exc, output) or (
         f"internal error ({type(exc).__name__}: {refusal_reason(exc)}); this is a bug in "
         "kubetrain: please report it with the traceback"

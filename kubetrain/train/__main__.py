@@ -9,10 +9,8 @@ import time
 
 from kubetrain.errors import failure_line, report_failure
 from kubetrain.process_exit import skip_exit_collection
-from kubetrain.train.distributed import init_runtime, shutdown
 from kubetrain.train.options import PROG, parse_options
 from kubetrain.train.progress import make_reporter
-from kubetrain.train.trainer import run
 
 
 def record_for_torchrun(line: str) -> None:
@@ -33,13 +31,18 @@ def record_for_torchrun(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Validate options before joining the process group, so bad input fails fast on all ranks;
-    every error ends as one line (``kubetrain.errors.report_failure``)."""
+    every error ends as one line (``kubetrain.errors.report_failure``). torch (the ``train``
+    extra) is imported inside the boundary, so a base install says which extra to install."""
     reporter = None
     checkpoint_dir = None
+    distributed = None
     try:
         options = parse_options(argv)
         checkpoint_dir = str(options.checkpoint_dir)
-        runtime = init_runtime(options.device)
+        from kubetrain.train import distributed
+        from kubetrain.train.trainer import run
+
+        runtime = distributed.init_runtime(options.device)
         reporter = make_reporter(runtime.is_main)
         run(options, runtime, reporter)
         return 0
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if reporter is not None:
             reporter.close()
-        shutdown()
+        if distributed is not None:
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

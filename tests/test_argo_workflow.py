@@ -45,6 +45,7 @@ LEFT_AT_DEFAULT = {
         "name", "trainer_version", "runtime_kind", "env", "node_selector", "toleration",
         "service_account", "label", "suspend", "active_deadline_seconds", "dataset_uri",
         "dataset_secret", "model_uri", "model_secret", "script", "checkpoint_every", "command",
+        "volume", "storage",
     },
     "wait": {"quiet"},
     "collect": set(),

@@ -228,6 +228,6 @@ def test_components_image_installs_kubetrain_and_kfp():
     steps = instructions("components.Dockerfile")
     assert next(args for op, args in steps if op == "FROM").startswith("python:3.11")
     runs = " ".join(args for op, args in steps if op == "RUN")
-    assert "pip install /tmp/kubetrain kfp" in runs
+    assert 'pip install "/tmp/kubetrain[train]" kfp' in runs
     readme = (IMAGES / "README.md").read_text()
     assert "KUBETRAIN_COMPONENT_IMAGE" in readme and "KUBETRAIN_TRAINER_IMAGE" in readme

@@ -9,7 +9,7 @@ IsEnvVarName, IsConfigMapKey) and pkg/api/resource/quantity.go (parseQuantityStr
 references after the grammar of github.com/distribution/reference (regexp.go). Patterns are
 applied with ``fullmatch``: ``re.match`` with ``$`` lets a trailing newline through.
 
-Imported by ``kubetrain --help`` (through ``param_option``): nothing heavy at the top.
+Imported by ``kubetrain --help`` (through ``kubetrain.cli.param_option``): nothing heavy at the top.
 """
 
 from __future__ import annotations

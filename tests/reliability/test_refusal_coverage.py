@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("kubetrain", "components", "pipelines")
 #: Fields no command, component or template lets a user set, and why.
 UNREACHABLE = {
-    "chunk_size": "streaming_copy's own argument; every caller passes a constant",
-    "expected_sha256": "streaming_copy's own argument; callers pass a manifest's checked digest",
-    "owner": "built by kube_owner from the pod's environment, never given by a user",
+    "chunk_size": "verified_copy's own argument; every caller passes a constant",
+    "expected_sha256": "verified_copy's own argument; callers pass a manifest's checked digest",
+    "owner": "built by backends/kubernetes/owner.py from the pod's environment, never given by a user",
     "run_name": "the KFP pipeline always passes its run's resource name with --storage",
     "sample": "export_model's own argument; collect --export traces a random batch",
     "tolerations.operator": "--toleration's grammar (KEY[=VALUE]:EFFECT) yields Equal or Exists",

@@ -1,6 +1,6 @@
 """Create, read, patch and delete the objects a job is made of (TrainJob or Job, Service,
 ConfigMap) as plain dicts, whichever API serves them, each call retried and its errors
-translated (``kube_client``)."""
+translated (``client``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Following a job on a cluster to its end: the job object and its node pods are watched
-(``kube_watch``), node logs streamed (``kube_logs``), and one thread decides.
+(``watch``), node logs streamed (``logs``), and one thread decides.
 
 The job is Complete or Failed when its conditions say so, as a watch event reports it. Before
 that, the pods may show it will never finish by itself: an image that cannot be pulled or a

@@ -1,6 +1,6 @@
 """The local backend: a TrainJob run as processes on this machine, as the Trainer would run it.
 
-``launch`` records the job and starts a detached supervisor (``local_supervisor``) that owns
+``launch`` records the job and starts a detached supervisor (``supervisor``) that owns
 the node processes, then returns at once. Everything else (``status``, ``wait``, ``logs``,
 ``delete``) reads the job's folder, so it works from any other process, as a separate
 pipeline step does.
@@ -223,7 +223,7 @@ class LocalBackend:
     def stop(self, name: str, grace_seconds: float) -> None:
         """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes and
         records the job as Failed), then SIGTERM and, after ``grace_seconds``, SIGKILL to every
-        process still carrying the job's identity (``local_processes``). Works on a job whose
+        process still carrying the job's identity (``processes``). Works on a job whose
         records are unreadable; only the job's own processes are ever signalled. A job the
         supervisor could not record in time is recorded Failed (Stopped) here."""
         job_dir = self.job_dir(name)

@@ -3,7 +3,7 @@
 ``$KUBETRAIN_LOCAL_ROOT/<job>/`` (default root ``~/.kubetrain/local``) holds::
 
     job.json         the spec, the working directory it was launched from and the job's id
-                     (in the environment of every process of the job: ``local_processes``)
+                     (in the environment of every process of the job: ``processes``)
     status.json      JobStatus, rewritten atomically by the supervisor on every change
     supervisor.json  the supervisor process that owns the nodes (its PID and the job's id)
     node-<i>.log     stdout+stderr of node i

@@ -56,7 +56,7 @@ def core_share(spec: TrainJobSpec) -> str:
 
 def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
     """The environment of one node: its core share (unless set), ours, the spec's, then
-    exactly the Trainer's PET_* set, and the job's identity (``local_processes``)."""
+    exactly the Trainer's PET_* set, and the job's identity (``processes``)."""
     return {
         "OMP_NUM_THREADS": core_share(spec),
         **os.environ,

@@ -73,7 +73,7 @@ def test_save_writes_layout_latest_and_manifest(tmp_path: Path, strategy: str) -
     assert latest_checkpoint(tmp_path) == path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     manifest = verify_checkpoint(path)
-    assert manifest["format"] == "kubetrain.artifacts.checkpoint/v1"
+    assert manifest["format"] == "kubetrain.checkpoint/v1"
     assert (manifest["epoch"], manifest["step"], manifest["world_size"]) == (2, 20, 1)
     assert manifest["strategy"] == strategy
     assert manifest["model"] == MODEL_INFO

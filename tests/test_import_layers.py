@@ -6,6 +6,7 @@ function counts as much as one at the top."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,7 +22,8 @@ LAYERS = (
     "render",  # kubetrain/render: the job spec as Kubernetes objects
     "train",  # kubetrain/train: our DDP/FSDP trainer
     "backends",  # kubetrain/backends: local processes, the Kubernetes API
-    "steps",  # components/<step>, components/_shared
+    "step plumbing",  # components/_shared: what every step's faces share
+    "steps",  # components/<step>
     "pipelines",  # pipelines/: the KFP pipeline and the Argo workflow
     "cli",  # kubetrain/cli: the program's own verbs
 )
@@ -30,6 +32,8 @@ NO_ORCHESTRATION = ("foundations", "storage", "artifacts", "render", "train")
 ORCHESTRATION_PACKAGES = ("kfp", "hera", "kubernetes")
 #: The ``__main__`` of the package is the console script's other door, part of the CLI.
 CLI_MODULES = ("kubetrain.__main__",)
+#: A string naming a kubetrain module, as ``importlib.import_module`` takes it.
+DOTTED_NAME = re.compile(r"kubetrain(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def layer_of(module: str) -> str | None:
@@ -43,10 +47,14 @@ def layer_of(module: str) -> str | None:
         return "foundations"
     top = parts[1]
     if top == "components":
-        return "steps"
+        return "step plumbing" if parts[2:3] == ["_shared"] else "steps"
     if top in ("storage", "artifacts", "render", "train", "backends", "pipelines", "cli"):
         return top
     return "foundations"
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
 
 
 def module_name(path: Path) -> str:
@@ -61,16 +69,25 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(source: str, module: str) -> Iterable[str]:
-    """Every module an ``import`` or ``from ... import`` names, at any depth of the file."""
-    package = module.rsplit(".", 1)[0]
+def imported_modules(source: str, module: str, package: bool = False) -> Iterable[str]:
+    """Every module an ``import`` or ``from ... import`` names, at any depth of the file, and
+    every dotted ``kubetrain.…`` name a string holds (``importlib.import_module("…")``).
+    ``package``: the source is the module's ``__init__.py`` (relative imports start there)."""
+    anchor_package = module if package else module.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and DOTTED_NAME.fullmatch(node.value)
+        ):
+            yield node.value
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                parts = anchor_package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
             yield base
             # ``from kubetrain import storage`` names a module of another layer than its parent.
@@ -81,15 +98,23 @@ def imported_modules(source: str, module: str) -> Iterable[str]:
             )
 
 
-def violations(sources: dict[str, str]) -> list[str]:
-    """Each forbidden import in ``sources`` (module name -> source), as one readable line."""
+def step_of(module: str) -> str | None:
+    """The step folder a module belongs to (``kubetrain.components.<step>...``)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["kubetrain", "components"] and len(parts) > 2 else None
+
+
+def violations(sources: dict[str, str], packages: frozenset[str] = frozenset()) -> list[str]:
+    """Each forbidden import in ``sources`` (module name -> source; ``packages`` names those
+    read from an ``__init__.py``), as one readable line. A step imports no other step: what
+    two steps share belongs in ``components/_shared``."""
     found = []
     for module, source in sorted(sources.items()):
         layer = layer_of(module)
         if layer is None:
             continue
         rank = LAYERS.index(layer)
-        for imported in sorted(set(imported_modules(source, module))):
+        for imported in sorted(set(imported_modules(source, module, module in packages))):
             if imported == module:
                 continue
             target = layer_of(imported)
@@ -98,35 +123,42 @@ def violations(sources: dict[str, str]) -> list[str]:
                 found.append(f"{module} ({layer}) imports {imported} ({target})")
             elif layer in NO_ORCHESTRATION and top_package in ORCHESTRATION_PACKAGES:
                 found.append(f"{module} ({layer}) imports {imported}")
+            elif layer == target == "steps" and step_of(imported) not in (None, step_of(module)):
+                found.append(f"{module} (step {step_of(module)}) imports {imported}")
     return found
 
 
-def package_sources() -> dict[str, str]:
-    """Every module the wheel installs, by dotted name (component tests excluded)."""
+def package_files() -> list[Path]:
+    """Every module the wheel installs (component tests excluded)."""
     files = [
         *(REPO_ROOT / "kubetrain").rglob("*.py"),
         *(REPO_ROOT / "components").rglob("*.py"),
         *(REPO_ROOT / "pipelines").rglob("*.py"),
     ]
-    return {
-        module_name(path): path.read_text()
-        for path in files
-        if "tests" not in path.relative_to(REPO_ROOT).parts
-    }
+    return [path for path in files if "tests" not in path.relative_to(REPO_ROOT).parts]
+
+
+def package_sources() -> dict[str, str]:
+    """Every module the wheel installs, by dotted name."""
+    return {module_name(path): path.read_text() for path in package_files()}
+
+
+PACKAGES = frozenset(module_name(path) for path in package_files() if is_package(path))
 
 
 def test_every_module_keeps_to_its_layer() -> None:
     sources = package_sources()
     assert "kubetrain.backends.kubernetes.backend" in sources  # the walk found the tree
-    assert violations(sources) == []
+    assert violations(sources, PACKAGES) == []
 
 
 def test_only_the_cli_layer_imports_components_or_pipelines() -> None:
     reaching_up = [
         f"{module} imports {imported}"
         for module, source in package_sources().items()
-        if module.startswith("kubetrain.") and layer_of(module) not in ("steps", "pipelines", "cli")
-        for imported in imported_modules(source, module)
+        if module.startswith("kubetrain.")
+        and layer_of(module) not in ("step plumbing", "steps", "pipelines", "cli")
+        for imported in imported_modules(source, module, module in PACKAGES)
         if imported.startswith(("kubetrain.components", "kubetrain.pipelines"))
     ]
     assert reaching_up == []
@@ -160,6 +192,32 @@ def test_only_the_cli_layer_imports_components_or_pipelines() -> None:
             "from kfp import dsl\n",
             "kubetrain.rules (foundations) imports kfp",
         ),
+        # a package's __init__ reaching up relatively (its own package is the anchor)
+        (
+            "kubetrain.backends",
+            "from ..components.launch_trainjob import launch\n",
+            "kubetrain.backends (backends) imports kubetrain.components.launch_trainjob (steps)",
+        ),
+        # a module named in a string, as importlib.import_module takes it
+        (
+            "kubetrain.render",
+            'MODULE = "kubetrain.pipelines.training_pipeline"\n',
+            "kubetrain.render (render) imports kubetrain.pipelines.training_pipeline (pipelines)",
+        ),
+        # the shared step plumbing importing a step
+        (
+            "kubetrain.components._shared.argo_steps",
+            "from kubetrain.components.collect_checkpoint import collect\n",
+            "kubetrain.components._shared.argo_steps (step plumbing) imports "
+            "kubetrain.components.collect_checkpoint (steps)",
+        ),
+        # one step importing another
+        (
+            "kubetrain.components.evaluate_model.evaluate",
+            "from kubetrain.components.collect_checkpoint.collect import collect_checkpoint\n",
+            "kubetrain.components.evaluate_model.evaluate (step evaluate_model) imports "
+            "kubetrain.components.collect_checkpoint.collect",
+        ),
         # storage reaching into the artifact formats, relatively
         (
             "kubetrain.storage.verified_copy",
@@ -170,7 +228,7 @@ def test_only_the_cli_layer_imports_components_or_pipelines() -> None:
 )
 def test_a_forbidden_import_is_caught(module: str, source: str, expected: str) -> None:
     sources = {**package_sources(), module: source}
-    assert expected in violations(sources)
+    assert expected in violations(sources, PACKAGES)
 
 
 def test_allowed_imports_pass() -> None:

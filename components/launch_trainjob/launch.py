@@ -27,7 +27,6 @@ from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 # What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
-MANAGED_BY = {"app.kubernetes.io/managed-by": "kubetrain"}
 RUN_NAME_LABEL = "kubetrain.io/run-name"
 
 
@@ -161,10 +160,12 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     name = resolve_job_name(request.name, request.run_name)
     shared = request.shared_volume if backend != "local" else None
     volumes = (*request.volumes, shared) if shared is not None else request.volumes
-    labels = {**MANAGED_BY}
-    if request.run_name:
-        labels[RUN_NAME_LABEL] = label_value(request.run_name)
-    command, checkpoint_dir, stage_from, stage_to = request.command, "", "", ""
+    # The renderers add app.kubernetes.io/managed-by and the job-name label themselves.
+    labels = {RUN_NAME_LABEL: label_value(request.run_name)} if request.run_name else {}
+    # A user's program splits as `torchrun train.py ...` -> command torchrun; ours keeps
+    # `torchrun -m kubetrain.train` as the command and its options as the args.
+    command, args = request.command[:1], request.command[1:]
+    checkpoint_dir, stage_from, stage_to = "", "", ""
     if request.runs_our_trainer:
         training = request.training
         training.validate()
@@ -183,14 +184,12 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
             checkpoint_dir = str(Path(shared.mount_path) / "checkpoints" / name)
         else:
             checkpoint_dir = backend_impl.default_checkpoint_dir(name)
-        command = (
-            *TRAINER_COMMAND,
-            *replace(training, data_dir=data_dir).trainer_args(checkpoint_dir),
-        )
+        command = TRAINER_COMMAND
+        args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
     spec = TrainJobSpec(
         name=name,
-        command=tuple(command[:1]),
-        args=tuple(command[1:]),
+        command=tuple(command),
+        args=tuple(args),
         image=request.image or TRAINER_IMAGE,
         env=dict(request.env),
         num_nodes=request.nodes,
@@ -244,10 +243,10 @@ def render_launch(
 ) -> list[dict[str, Any]]:
     """The objects ``launch`` with the same request would create on a cluster, in creation
     order, without contacting one (``trainer_version`` auto renders the newest form)."""
-    from kubetrain.render import render_job
+    from kubetrain.render import RENDERED_BACKENDS, render_job
     from kubetrain.render.trainjob import LATEST_VERSION
 
-    if backend not in ("trainer", "job"):
+    if backend not in RENDERED_BACKENDS:
         raise InvalidInput(
             "backend",
             f"{backend!r} has nothing to render",

@@ -1,6 +1,6 @@
 """Training checkpoints: atomic, verifiable, and readable without a process group.
 
-Layout (format ``kubetrain.artifacts.checkpoint/v1``)::
+Layout (format ``kubetrain.checkpoint/v1``)::
 
     CKPT_DIR/LATEST                  one line: the newest complete folder, e.g. epoch-000003
     CKPT_DIR/epoch-000003/

@@ -26,7 +26,7 @@ from kubetrain.artifacts.manifest import (
 from kubetrain.errors import IntegrityError
 from kubetrain.training_choices import STRATEGIES
 
-FORMAT = "kubetrain.artifacts.checkpoint/v1"
+FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -48,7 +48,7 @@ from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 ExportKind = Literal["torch-export", "torchscript"]
 EXPORT_FILES: dict[str, str] = {"torch-export": "model.pt2", "torchscript": "model.torchscript.pt"}
 EXPORT_CARD = "export.json"
-EXPORT_FORMAT = "kubetrain.artifacts.export/v1"
+EXPORT_FORMAT = "kubetrain.export/v1"
 #: Rows of the random batch the exports are checked on (≥ 2: the batch stays a dynamic dim).
 CHECK_BATCH = 8
 

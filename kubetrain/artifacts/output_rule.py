@@ -35,7 +35,7 @@ class OutputKind:
 
 DATASET = OutputKind("dataset", "manifest.json", "kubetrain.dataset/v1")
 MODEL = OutputKind("model", MODEL_CARD, MODEL_FORMAT)
-REPORT = OutputKind("report", "report.json", "kubetrain.components.evaluate_model.report/v1")
+REPORT = OutputKind("report", "report.json", "kubetrain.report/v1")
 #: A marker larger than this is not one of ours (and is not read whole to find out).
 _MARKER_LIMIT = 16 * 1024 * 1024
 

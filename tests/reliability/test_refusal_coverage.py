@@ -18,7 +18,7 @@ PRODUCT = ("kubetrain", "components", "pipelines")
 UNREACHABLE = {
     "chunk_size": "verified_copy's own argument; every caller passes a constant",
     "expected_sha256": "verified_copy's own argument; callers pass a manifest's checked digest",
-    "owner": "built by backends/kubernetes/owner.py from the pod's environment, never given by a user",
+    "owner": "built by backends/kubernetes/owner.py from the pod's environment, not by a user",
     "run_name": "the KFP pipeline always passes its run's resource name with --storage",
     "sample": "export_model's own argument; collect --export traces a random batch",
     "tolerations.operator": "--toleration's grammar (KEY[=VALUE]:EFFECT) yields Equal or Exists",

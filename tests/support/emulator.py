@@ -147,7 +147,8 @@ class KubeEmulator:
     def configuration(self) -> kubernetes.client.Configuration:
         config = kubernetes.client.Configuration()
         config.host = self.url
-        config.retries = False  # as kube_client.load_api_client: our code retries, not urllib3
+        # As kubetrain.backends.kubernetes.client.load_api_client: our code retries, not urllib3.
+        config.retries = False
         return config
 
     def api_client(self) -> kubernetes.client.ApiClient:

@@ -41,12 +41,7 @@ INPUT = re.compile(r"\{\{inputs\.parameters\.([A-Za-z0-9_-]+)\}\}")
 #: passed by the template or listed here.
 LEFT_AT_DEFAULT = {
     "prep": {"cache_dir"},
-    "launch": {
-        "name", "trainer_version", "runtime_kind", "env", "node_selector", "toleration",
-        "service_account", "label", "suspend", "active_deadline_seconds", "dataset_uri",
-        "dataset_secret", "model_uri", "model_secret", "script", "checkpoint_every", "command",
-        "volume", "storage",
-    },
+    "launch": {"command"},  # the template passes the program as --command-json
     "wait": {"quiet"},
     "collect": set(),
     "evaluate": {"json"},

@@ -62,21 +62,22 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="environment variable for every node; repeatable",
+        help="environment variable for every node; repeatable, or a JSON object",
     )
     job.add_argument(
         "--volume",
         action="append",
         default=[],
         metavar="NAME=CLAIM:/PATH[:ro]",
-        help="mount PVC CLAIM at /PATH in every node (shared data, checkpoints); repeatable",
+        help="mount PVC CLAIM at /PATH in every node (shared data, checkpoints); repeatable, or "
+        "a JSON list",
     )
     job.add_argument(
         "--node-selector",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="schedule nodes only where this node label matches; repeatable",
+        help="schedule nodes only where this node label matches; repeatable, or a JSON object",
     )
     job.add_argument(
         "--toleration",
@@ -84,7 +85,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY[=VALUE][:EFFECT]",
         help="tolerate a taint (no VALUE: operator Exists), e.g. nvidia.com/gpu:NoSchedule; "
-        "repeatable",
+        "repeatable, or a JSON list",
     )
     job.add_argument(
         "--shared-pvc",
@@ -122,17 +123,23 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="label on the job object; repeatable",
+        help="label on the job object; repeatable, or a JSON object",
     )
     job.add_argument(
         "--pod-label",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="label on every node pod; repeatable",
+        help="label on every node pod; repeatable, or a JSON object",
     )
     job.add_argument(
-        "--suspend", action="store_true", help="create the job suspended (resume it later)"
+        "--suspend",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_flag,
+        metavar="true|false",
+        help="create the job suspended (resume it later)",
     )
     job.add_argument(
         "--max-restarts",
@@ -144,9 +151,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--active-deadline-seconds",
-        type=int,
+        type=_optional_seconds,
         default=None,
-        help="fail the job after this many seconds running",
+        help="fail the job after this many seconds running; empty or 0: no deadline",
     )
     job.add_argument(
         "--dataset-uri",
@@ -197,6 +204,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--command-json",
+        default="",
+        metavar="JSON",
+        help='the program every node runs as a JSON list, e.g. \'["torchrun", "train.py"]\' (what '
+        "an Argo parameter can carry); the same as giving it after --",
+    )
+    parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="-- CMD [ARGS...]: the program every node runs instead of our trainer",
@@ -223,20 +237,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _flag(text: str) -> bool:
+    """``true``/``false`` (any case), as an Argo parameter gives a boolean."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"invalid true|false value: {text!r}")
+    return text.lower() == "true"
+
+
+def _optional_seconds(text: str) -> int | None:
+    """Seconds, or none for an empty text or 0 (what a KFP/Argo default can carry)."""
+    if not text.strip():
+        return None
+    try:
+        return int(text) or None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+
+
 def request_from_args(args: argparse.Namespace):
     """The ``LaunchRequest`` the options describe: what `launch` creates and `render` prints."""
     from kubetrain.components.launch_trainjob.launch import (
         LaunchRequest,
         TrainingOptions,
         initializer,
+        parse_command,
+        parse_items,
         parse_pairs,
         parse_toleration,
         parse_volume,
         shared_volume,
     )
+    from kubetrain.errors import InvalidInput
     from kubetrain.jobspec import Resources
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = tuple(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    from_json = parse_command(args.command_json, "--command-json")
+    if command and from_json:
+        raise InvalidInput(
+            "--command-json", "is given with a command after --", "give the program one way"
+        )
     return LaunchRequest(
         training=TrainingOptions(
             data_dir=args.data,
@@ -248,7 +287,7 @@ def request_from_args(args: argparse.Namespace):
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
         ),
-        command=tuple(command),
+        command=command or from_json,
         name=args.name,
         run_name=args.run_name,
         nodes=args.nodes,
@@ -258,12 +297,14 @@ def request_from_args(args: argparse.Namespace):
         runtime_kind=args.runtime_kind,
         resources=Resources(cpu=args.cpu, memory=args.memory, gpu=args.gpu),
         env=parse_pairs(args.env, "--env"),
-        volumes=tuple(parse_volume(v) for v in args.volume),
+        volumes=tuple(parse_volume(v) for v in parse_items(args.volume, "--volume")),
         shared_volume=shared_volume(args.shared_pvc, args.shared_mount),
         labels=parse_pairs(args.label, "--label"),
         pod_labels=parse_pairs(args.pod_label, "--pod-label"),
         node_selector=parse_pairs(args.node_selector, "--node-selector"),
-        tolerations=tuple(parse_toleration(t) for t in args.toleration),
+        tolerations=tuple(
+            parse_toleration(t) for t in parse_items(args.toleration, "--toleration")
+        ),
         service_account=args.service_account,
         storage_url=args.storage,
         storage_secret=args.storage_secret,

@@ -36,6 +36,20 @@ def launch_trainjob(
     env: Optional[dict] = None,  # noqa: UP045 (KFP reads the annotation)
     node_selector: Optional[dict] = None,  # noqa: UP045
     tolerations: Optional[list] = None,  # noqa: UP045
+    command: Optional[list] = None,  # noqa: UP045
+    script: str = "",
+    checkpoint_every: int = 1,
+    trainer_version: str = "auto",
+    runtime_kind: str = "ClusterTrainingRuntime",
+    volumes: Optional[list] = None,  # noqa: UP045
+    labels: Optional[dict] = None,  # noqa: UP045
+    pod_labels: Optional[dict] = None,  # noqa: UP045
+    suspend: bool = False,
+    active_deadline_seconds: int = 0,
+    dataset_uri: str = "",
+    dataset_secret: str = "",
+    model_uri: str = "",
+    model_secret: str = "",
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
@@ -57,6 +71,11 @@ def launch_trainjob(
     ``tolerations`` (texts ``KEY[=VALUE][:EFFECT]``, e.g. ``nvidia.com/gpu:NoSchedule``) say
     where the nodes may run: the options of `kubetrain launch` of the same names.
 
+    ``command`` (a list: the program and its arguments) runs instead of our trainer, e.g.
+    ``["torchrun", "train.py"]``, with ``script`` (a file this step can read, shipped with the
+    job) as on the CLI. The other inputs are `kubetrain launch`'s options of the same names
+    (``volumes``: texts ``NAME=CLAIM:/PATH[:ro]``; ``active_deadline_seconds`` 0: none).
+
     ``max_restarts``: after a node fails, every node starts again up to this many times and
     training resumes from the newest checkpoint (on a cluster the runtime's JobSet
     ``failurePolicy.maxRestarts`` must allow it).
@@ -67,9 +86,12 @@ def launch_trainjob(
     from kubetrain.components.launch_trainjob.launch import (
         LaunchRequest,
         TrainingOptions,
+        initializer,
         launch,
         parse_toleration,
+        parse_volume,
         shared_volume,
+        text_list,
         text_mapping,
     )
     from kubetrain.jobspec import Resources
@@ -83,24 +105,36 @@ def launch_trainjob(
             epochs=epochs,
             batch_size=batch_size,
             lr=lr,
+            checkpoint_every=checkpoint_every,
         ),
+        command=tuple(text_list(command, "command")),
         name=job_name,
         run_name=run_name,
         nodes=nodes,
         procs_per_node=procs_per_node,
         image=image,
         runtime=runtime,
+        runtime_kind=runtime_kind,
         resources=Resources(cpu=cpu, memory=memory, gpu=gpu),
         env=text_mapping(env, "env"),
+        volumes=tuple(parse_volume(v) for v in text_list(volumes, "volumes")),
         shared_volume=shared_volume(shared_pvc, shared_mount),
+        labels=text_mapping(labels, "labels"),
+        pod_labels=text_mapping(pod_labels, "pod_labels"),
         node_selector=text_mapping(node_selector, "node_selector"),
-        tolerations=tuple(parse_toleration(t) for t in tolerations or ()),
+        tolerations=tuple(parse_toleration(t) for t in text_list(tolerations, "tolerations")),
         service_account=service_account,
         storage_url=storage,
         storage_secret=storage_secret,
         max_restarts=max_restarts,
+        suspend=suspend,
+        active_deadline_seconds=active_deadline_seconds or None,
+        dataset_initializer=initializer(dataset_uri, dataset_secret),
+        model_initializer=initializer(model_uri, model_secret),
+        script=script,
     )
-    result = launch(request, backend=backend, options=BackendOptions(namespace=namespace))
+    options = BackendOptions(namespace=namespace, trainer_version=trainer_version)
+    result = launch(request, backend=backend, options=options)
     print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(
         result.job_name, result.checkpoint_dir

@@ -8,6 +8,7 @@ at once, ``render_launch`` prints what ``launch`` would create, without a cluste
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -259,32 +260,72 @@ def render_launch(
 
 
 # ------------------------------------------------------------------ text to spec pieces
-def parse_pairs(pairs: list[str] | tuple[str, ...], option: str) -> dict[str, str]:
-    """``KEY=VALUE`` texts as a mapping (the value may hold ``=``)."""
-    parsed = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
+def parse_pairs(values: list[str] | tuple[str, ...], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` texts (the value may hold ``=``), or JSON objects of texts (what an Argo
+    parameter carries), as one mapping."""
+    parsed: dict[str, str] = {}
+    for value in values:
+        if value.lstrip().startswith("{"):
+            parsed.update(text_mapping(_json(value, option), option))
+            continue
+        key, sep, item = value.partition("=")
         if not sep or not key:
             raise InvalidInput(
-                option, f"{pair!r} is not KEY=VALUE", f"write it like {option} NAME=value"
+                option, f"{value!r} is not KEY=VALUE", f"write it like {option} NAME=value"
             )
-        parsed[key] = value
+        parsed[key] = item
     return parsed
 
 
+def parse_items(values: list[str] | tuple[str, ...], option: str) -> list[str]:
+    """Texts, each given alone or as a JSON list of texts (what an Argo parameter carries)."""
+    items: list[str] = []
+    for value in values:
+        items.extend(text_list(_json(value, option), option) if value.startswith("[") else [value])
+    return items
+
+
+def parse_command(text: str, option: str = "command") -> tuple[str, ...]:
+    """The program and its arguments as a JSON list of texts (``["torchrun", "train.py"]``);
+    empty text or ``[]``: none (our trainer runs)."""
+    return tuple(text_list(_json(text, option), option)) if text.strip() else ()
+
+
+def _json(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        problem = f"{rules.shown(text)} is not JSON ({exc.msg})"
+        raise InvalidInput(option, problem, _JSON_FIX) from None
+
+
+_JSON_FIX = 'write a JSON list like ["torchrun", "train.py"] or an object like {"KEY": "value"}'
+
+
 def text_mapping(value: Any, option: str) -> dict[str, str]:
-    """A mapping of text to text, as a KFP ``dict`` parameter gives it (a number is not text:
-    an env value or label value is a string in Kubernetes)."""
+    """A mapping of text to text, as a KFP ``dict`` parameter or a JSON object gives it (a
+    number is not text: an env value or label value is a string in Kubernetes)."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise InvalidInput(option, f"{rules.shown(value)} is not a mapping", 'give {"KEY": "v"}')
+        raise InvalidInput(option, f"{rules.shown(value)} is not a mapping", _JSON_FIX)
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise InvalidInput(
-                option, f"{rules.shown(key)}: {rules.shown(item)} is not text", "quote the value"
+                option,
+                f"{rules.shown(key)}: {rules.shown(item)} is not text",
+                "write the value in quotes",
             )
     return dict(value)
+
+
+def text_list(value: Any, option: str) -> list[str]:
+    """A list of texts, as a KFP ``list`` parameter or a JSON list gives it."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidInput(option, f"{rules.shown(value)} is not a list of texts", _JSON_FIX)
+    return value
 
 
 def parse_volume(text: str) -> Volume:

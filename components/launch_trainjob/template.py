@@ -25,9 +25,11 @@ def launch_trainjob_template(
     volume: SharedVolume = SHARED_VOLUME,
     image: str = COMPONENT_IMAGE,
 ) -> Container:
-    """`kubetrain launch` of our DDP/FSDP trainer; the job name derives from ``run_name`` (the
-    workflow's name), so a retried launch adopts the job it already created. The nodes mount
-    claim ``shared_pvc`` at the volume's path, where the dataset and checkpoints are."""
+    """`kubetrain launch` of our DDP/FSDP trainer, or of the program ``command`` names; the job
+    name derives from ``run_name`` (the workflow's name), so a retried launch adopts the job it
+    already created. The nodes mount claim ``shared_pvc`` at the volume's path, where the
+    dataset and checkpoints are. Every option of `kubetrain launch` is a parameter (lists and
+    mappings as JSON), so the template and the CLI cannot drift."""
     mount = volume.mount_path
     parameters = [
         input_parameter("run_name", "the workflow run; the job name derives from it"),
@@ -53,6 +55,38 @@ def launch_trainjob_template(
                         "failurePolicy.maxRestarts must allow them)", "0"),
         input_parameter("storage_secret", "Secret with S3 endpoint and keys for s3:// data and "
                         "checkpoints; empty = none", ""),
+        input_parameter("storage", "object storage (s3://bucket/prefix) for checkpoints; "
+                        "empty = the claim", ""),
+        input_parameter("command", 'the program every node runs instead of our trainer, a '
+                        'JSON list, e.g. ["torchrun", "train.py"]; [] = our trainer', "[]"),
+        input_parameter("script", "a training script this step can read, shipped with the "
+                        "job (mounted at /workspace); empty = none", ""),
+        input_parameter("job_name", "explicit job name; empty = derived from run_name", ""),
+        input_parameter("env", 'environment of every node, a JSON object {"KEY": "value"}',
+                        "{}"),
+        input_parameter("node_selector", "node labels the nodes must match, a JSON object",
+                        "{}"),
+        input_parameter("tolerations", 'taints the nodes tolerate, a JSON list of '
+                        '"KEY[=VALUE][:EFFECT]"', "[]"),
+        input_parameter("volumes", 'more claims for every node, a JSON list of '
+                        '"NAME=CLAIM:/PATH[:ro]"', "[]"),
+        input_parameter("labels", "labels of the job object, a JSON object", "{}"),
+        input_parameter("pod_labels", "labels of every node pod, a JSON object", "{}"),
+        input_parameter("service_account", "ServiceAccount the nodes run as; empty = the "
+                        "runtime's", ""),
+        input_parameter("runtime_kind", "ClusterTrainingRuntime or TrainingRuntime",
+                        "ClusterTrainingRuntime"),
+        input_parameter("trainer_version", "TrainJob form: auto (read the CRD), 2.1, 2.2, 2.3",
+                        "auto"),
+        input_parameter("suspend", "create the job suspended: true or false", "false"),
+        input_parameter("active_deadline_seconds", "fail the job after this many seconds "
+                        "running; 0 = none", "0"),
+        input_parameter("checkpoint_every", "checkpoint every N epochs", "1"),
+        input_parameter("dataset_uri", "dataset for the Trainer's initializer; empty = none",
+                        ""),
+        input_parameter("dataset_secret", "Secret with the dataset's credentials", ""),
+        input_parameter("model_uri", "model for the Trainer's initializer; empty = none", ""),
+        input_parameter("model_secret", "Secret with the model's credentials", ""),
     ]  # fmt: skip
     return step_template(
         name,
@@ -102,6 +136,46 @@ def launch_trainjob_template(
             inputs("batch_size"),
             "--lr",
             inputs("lr"),
+            "--storage",
+            inputs("storage"),
+            "--command-json",
+            inputs("command"),
+            "--script",
+            inputs("script"),
+            "--name",
+            inputs("job_name"),
+            "--env",
+            inputs("env"),
+            "--node-selector",
+            inputs("node_selector"),
+            "--toleration",
+            inputs("tolerations"),
+            "--volume",
+            inputs("volumes"),
+            "--label",
+            inputs("labels"),
+            "--pod-label",
+            inputs("pod_labels"),
+            "--service-account",
+            inputs("service_account"),
+            "--runtime-kind",
+            inputs("runtime_kind"),
+            "--trainer-version",
+            inputs("trainer_version"),
+            "--suspend",
+            inputs("suspend"),
+            "--active-deadline-seconds",
+            inputs("active_deadline_seconds"),
+            "--checkpoint-every",
+            inputs("checkpoint_every"),
+            "--dataset-uri",
+            inputs("dataset_uri"),
+            "--dataset-secret",
+            inputs("dataset_secret"),
+            "--model-uri",
+            inputs("model_uri"),
+            "--model-secret",
+            inputs("model_secret"),
         ],  # fmt: skip
         parameters,
         [

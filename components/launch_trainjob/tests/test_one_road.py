@@ -5,6 +5,7 @@ one function, so render prints exactly what each face creates (on the emulated A
 from __future__ import annotations
 
 import copy
+import json
 import types
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,52 @@ def test_the_component_refuses_a_bad_placement_before_creating_anything(
     assert "\n" not in str(refused.value)
     assert cluster.emulator.list("trainjobs") == []
     assert not (tmp_path / "shared").exists()  # nothing staged either
+
+
+def test_render_prints_what_the_kfp_component_creates_for_a_users_program(
+    cluster, digits_dir, tmp_path, capsys
+):
+    """A user's program (KFP: a list; CLI: --command-json, as the Argo template passes it)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    dataset = types.SimpleNamespace(path=str(digits_dir))
+    arguments = {**PIPELINE_ARGUMENTS, "shared_mount": str(tmp_path / "shared")}
+    command = ["torchrun", "train.py", "--epochs", "3"]
+    launch_trainjob.python_func(dataset=dataset, command=command, script=str(script), **arguments)
+    stored = [as_created(cluster.emulator.get("configmaps", f"{name}-script")) for name in
+              [t["metadata"]["name"] for t in cluster.emulator.list("trainjobs")]]  # fmt: skip
+    (trainjob,) = [as_created(t) for t in cluster.emulator.list("trainjobs")]
+    options = cli_options(str(digits_dir), str(tmp_path / "shared"))
+    printed = rendered(
+        [*options, "--script", str(script), "--command-json", json.dumps(command)], capsys
+    )
+    assert yaml.safe_dump(printed) == yaml.safe_dump([*stored, trainjob])
+    assert trainjob["spec"]["trainer"]["command"] == ["torchrun"]
+    assert trainjob["spec"]["trainer"]["args"][0] == "/workspace/train.py"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (["--command-json", '["torchrun", "a.py"]', "--", "torchrun", "b.py"], "--command-json"),
+        (["--command-json", "torchrun a.py"], "--command-json"),  # not JSON
+        (["--command-json", '["torchrun", 1]'], "--command-json"),  # not texts
+        (["--env", '{"EPOCHS": 3}'], "--env"),  # a number where Kubernetes takes text
+        (["--toleration", '["nvidia.com/gpu:NoSchedule", 1]'], "--toleration"),  # not texts
+        (["--suspend", "maybe"], "--suspend"),
+        (["--active-deadline-seconds", "soon"], "--active-deadline-seconds"),
+    ],
+)
+def test_bad_json_and_flag_options_are_refused_before_anything_is_created(
+    cluster, tmp_path, capfd, options, field
+):
+    from tests.reliability.test_bad_input import assert_one_line_error
+
+    try:
+        code = kubetrain_main(["launch", "--backend", "trainer", "--name", "never", *options])
+    except SystemExit as exited:  # argparse's usage error
+        code = exited.code
+    assert code in (1, 2)
+    assert_one_line_error(capfd.readouterr().err, "kubetrain launch", field)
+    assert cluster.emulator.list("trainjobs") == []

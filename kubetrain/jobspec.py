@@ -202,6 +202,10 @@ class TrainJobSpec:
     #: A local training script shipped with the job (as a ConfigMap mounted at /workspace on a
     #: cluster); empty when the script is baked into the image or lies on a mounted volume.
     script: str = ""
+    #: The folder every node's program runs in (made if missing); empty: the image's (on a
+    #: cluster) or the launching process's (locally). A user's script that saves into its
+    #: working directory then saves where collect reads.
+    working_dir: str = ""
 
     def validate(self) -> TrainJobSpec:
         rules.dns1035_label(self.name, "name")
@@ -253,6 +257,14 @@ class TrainJobSpec:
             self.model_initializer.validate("model_initializer")
         if self.script:
             self._validate_script()
+        if self.working_dir:
+            _refuse_nul([self.working_dir], "working_dir")
+            if not posixpath.isabs(self.working_dir):
+                raise InvalidInput(
+                    "working_dir",
+                    f"{rules.shown(self.working_dir)} is not an absolute path",
+                    "give the folder as an absolute path, e.g. /mnt/shared/checkpoints/job",
+                )
         return self
 
     def _validate_volumes(self) -> None:
@@ -320,6 +332,7 @@ class TrainJobSpec:
             active_deadline_seconds=data.get("active_deadline_seconds"),
             dataset_initializer=_optional(Initializer, data.get("dataset_initializer")),
             model_initializer=_optional(Initializer, data.get("model_initializer")),
+            working_dir=data.get("working_dir", ""),
             script=data.get("script", ""),
         )
 

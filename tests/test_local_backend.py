@@ -297,3 +297,39 @@ def test_command_references_to_the_trainer_env_are_expanded_as_the_kubelet_does(
     waited = kubetrain("wait", name)
     assert waited.returncode == 0, waited.stderr
     assert "ARGS 127.0.0.1:0 $(HOME) $(NOPE)" in waited.stdout
+
+
+def test_every_spec_field_survives_the_job_record() -> None:
+    """The supervisor rebuilds the spec from job.json: a field from_dict forgot (working_dir
+    once) would silently fall back to its default."""
+    import dataclasses
+
+    from kubetrain.jobspec import (
+        Initializer,
+        Resources,
+        RuntimeRef,
+        Toleration,
+        TrainJobSpec,
+        Volume,
+    )
+
+    spec = TrainJobSpec(
+        name="every-field", command=("torchrun",), args=("train.py",), image="ghcr.io/a/b:1",
+        env={"A": "1"}, num_nodes=3, procs_per_node=2,
+        resources_per_node=Resources(cpu="2", memory="1Gi", gpu=1),
+        runtime=RuntimeRef(name="rt", kind="TrainingRuntime"),
+        volumes=(Volume(name="v", claim_name="c", mount_path="/m", read_only=True),),
+        labels={"l": "1"}, pod_labels={"p": "1"}, node_selector={"n": "1"},
+        tolerations=(Toleration(key="k", operator="Exists", effect="NoSchedule"),),
+        service_account="sa", storage_secret="s", suspend=True, max_restarts=2,
+        active_deadline_seconds=60, dataset_initializer=Initializer("s3://d", "ds"),
+        model_initializer=Initializer("hf://m", "ms"), script="train.py", working_dir="/w",
+    )  # fmt: skip
+    defaults = TrainJobSpec(name="x", command=("y",))
+    unset = [
+        f.name
+        for f in dataclasses.fields(spec)
+        if getattr(spec, f.name) == getattr(defaults, f.name) and f.name != "name"
+    ]
+    assert unset == [], "give every field a non-default value here"
+    assert TrainJobSpec.from_dict(spec.to_dict()) == spec

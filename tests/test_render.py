@@ -484,7 +484,9 @@ def test_cli_renders_the_job_backend_and_a_script_configmap_first(script):
     assert configmap["data"]["train.py"] == script.read_text()
     assert service["spec"]["clusterIP"] == "None"
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert (container["command"], container["args"]) == (["torchrun"], ["/workspace/train.py"])
+    # The program runs in its checkpoint folder (launch.IN_FOLDER: no workingDir in a TrainJob).
+    assert container["command"][:2] == ["python3", "-c"]
+    assert container["args"] == ["/mnt/shared/checkpoints/demo", "torchrun", "/workspace/train.py"]
     assert env_of(container)["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     )

@@ -153,7 +153,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--active-deadline-seconds",
         type=_optional_seconds,
         default=None,
-        help="fail the job after this many seconds running; empty or 0: no deadline",
+        help="fail the job after this many seconds running; default (or empty): no deadline",
     )
     job.add_argument(
         "--dataset-uri",
@@ -245,11 +245,11 @@ def _flag(text: str) -> bool:
 
 
 def _optional_seconds(text: str) -> int | None:
-    """Seconds, or none for an empty text or 0 (what a KFP/Argo default can carry)."""
+    """Seconds, or none for an empty text (what an Argo parameter's default can carry)."""
     if not text.strip():
         return None
     try:
-        return int(text) or None
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 

@@ -29,6 +29,10 @@ from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 # PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
 RUN_NAME_LABEL = "kubetrain.io/run-name"
+#: Where every node finds the prepared dataset and where rank 0 should save (a user's program
+#: reads them; our trainer gets the same as options).
+DATA_DIR_ENV = "KUBETRAIN_DATA_DIR"
+CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,16 @@ class TrainingOptions:
         ):
             rules.whole_number(value, field_name, 1)
         rules.positive_number(self.lr, "lr")
+
+    def validate_locations(self) -> None:
+        """What a user's program is given (``KUBETRAIN_DATA_DIR``, ``KUBETRAIN_CHECKPOINT_DIR``):
+        folders or URLs of a filesystem fsspec knows, each optional."""
+        for field_name, location in (
+            ("data", self.data_dir),
+            ("checkpoint_dir", self.checkpoint_dir),
+        ):
+            if location:
+                storage.check_protocol(location, field_name)
 
     def trainer_args(self, checkpoint_dir: str) -> tuple[str, ...]:
         return (
@@ -166,33 +180,43 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     # A user's program splits as `torchrun train.py ...` -> command torchrun; ours keeps
     # `torchrun -m kubetrain.train` as the command and its options as the args.
     command, args = request.command[:1], request.command[1:]
-    checkpoint_dir, stage_from, stage_to = "", "", ""
+    training = request.training
     if request.runs_our_trainer:
-        training = request.training
         training.validate()
+    else:
+        training.validate_locations()
+    data_dir, stage_from, stage_to = "", "", ""
+    if training.data_dir:
         source = str(storage.dereference(training.data_dir))
         data_dir = source
         if shared is not None and storage.is_local(source) and not _inside(source, shared):
             stage_from = source
             data_dir = stage_to = str(Path(shared.mount_path) / "datasets" / name)
-        if training.checkpoint_dir:
-            checkpoint_dir = training.checkpoint_dir
-        elif request.storage_url:
-            checkpoint_dir = str(
-                storage.join(request.storage_url, "checkpoints", request.run_name or name)
-            )
-        elif shared is not None:
-            checkpoint_dir = str(Path(shared.mount_path) / "checkpoints" / name)
-        else:
-            checkpoint_dir = backend_impl.default_checkpoint_dir(name)
+    if training.checkpoint_dir:
+        checkpoint_dir = training.checkpoint_dir
+    elif request.storage_url:
+        checkpoint_dir = str(
+            storage.join(request.storage_url, "checkpoints", request.run_name or name)
+        )
+    elif shared is not None:
+        checkpoint_dir = str(Path(shared.mount_path) / "checkpoints" / name)
+    else:
+        checkpoint_dir = backend_impl.default_checkpoint_dir(name)
+    if request.runs_our_trainer:
         command = TRAINER_COMMAND
         args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
+    # A user's program runs in its checkpoint folder, so one that saves into its working
+    # directory saves where collect reads (an object-storage URL is no folder to run in).
+    working_dir = ""
+    if not request.runs_our_trainer and storage.is_local(checkpoint_dir):
+        working_dir = _folder_to_run_in(checkpoint_dir, backend)
+    env = {CHECKPOINT_DIR_ENV: checkpoint_dir, **({DATA_DIR_ENV: data_dir} if data_dir else {})}
     spec = TrainJobSpec(
         name=name,
         command=tuple(command),
         args=tuple(args),
         image=request.image or TRAINER_IMAGE,
-        env=dict(request.env),
+        env={**env, **request.env},
         num_nodes=request.nodes,
         procs_per_node=request.procs_per_node,
         resources_per_node=request.resources,
@@ -210,8 +234,25 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         dataset_initializer=request.dataset_initializer,
         model_initializer=request.model_initializer,
         script=request.script,
+        working_dir=working_dir,
     ).validate()
     return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to)
+
+
+def _folder_to_run_in(checkpoint_dir: str, backend: str) -> str:
+    """The checkpoint folder as an absolute path, the nodes' working directory: locally
+    relative to this folder; on a cluster it must be absolute (the image's own working
+    directory is unknown here)."""
+    folder = str(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+    if backend == "local":
+        return os.path.abspath(folder)
+    if not os.path.isabs(folder):
+        raise InvalidInput(
+            "checkpoint_dir",
+            f"{rules.shown(checkpoint_dir)} is relative, and the nodes run in it",
+            "give an absolute path in the nodes, e.g. /mnt/shared/checkpoints/<job>",
+        )
+    return folder
 
 
 def _inside(location: str, volume: Volume) -> bool:

@@ -80,7 +80,7 @@ def launch_trainjob_template(
                         "auto"),
         input_parameter("suspend", "create the job suspended: true or false", "false"),
         input_parameter("active_deadline_seconds", "fail the job after this many seconds "
-                        "running; 0 = none", "0"),
+                        "running; empty = none", ""),
         input_parameter("checkpoint_every", "checkpoint every N epochs", "1"),
         input_parameter("dataset_uri", "dataset for the Trainer's initializer; empty = none",
                         ""),

@@ -34,7 +34,7 @@ from kubetrain.render.metadata import (
     spec_annotations,
     validate_namespace,
 )
-from kubetrain.render.script import command_with_mounted_script, script_sha256
+from kubetrain.render.script import node_program, script_sha256
 
 #: Labels the Job controller puts on its pods (completion index: Kubernetes 1.28+).
 JOB_NAME_POD_LABEL = "batch.kubernetes.io/job-name"
@@ -138,7 +138,7 @@ def _job(spec: TrainJobSpec, namespace: str, owner: dict[str, Any] | None) -> di
 
 
 def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
-    command, args = command_with_mounted_script(spec)
+    command, args = node_program(spec)
     container: dict[str, Any] = {
         "name": pod.NODE,
         "image": spec.image,

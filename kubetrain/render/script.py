@@ -60,6 +60,27 @@ def script_sha256(spec: TrainJobSpec) -> str:
     return hashlib.sha256(script_text(spec).encode("utf-8")).hexdigest()
 
 
+#: Runs ``CMD...`` in ``FOLDER`` (made if missing): ``python3 -c CODE FOLDER CMD...``. Neither
+#: a TrainJob's trainer nor its runtimePatches can set a container's workingDir (Trainer v2.3
+#: API), so a spec's ``working_dir`` is this fixed launcher; the folder and the program are
+#: its arguments, never parsed by a shell.
+IN_FOLDER = (
+    "python3",
+    "-c",
+    "import os, sys; os.makedirs(sys.argv[1], exist_ok=True); os.chdir(sys.argv[1]); "
+    "os.execvp(sys.argv[2], sys.argv[2:])",
+)
+
+
+def node_program(spec: TrainJobSpec) -> tuple[list[str], list[str]]:
+    """``(command, args)`` as a node's container runs them: the shipped script's mention
+    rewritten to where it is mounted, in ``spec.working_dir`` when there is one."""
+    command, args = command_with_mounted_script(spec)
+    if not spec.working_dir:
+        return command, args
+    return list(IN_FOLDER), [spec.working_dir, *command, *args]
+
+
 def command_with_mounted_script(spec: TrainJobSpec) -> tuple[list[str], list[str]]:
     """``(command, args)`` as the pod runs them; unchanged when no script is shipped."""
     command, args = list(spec.command), list(spec.args)

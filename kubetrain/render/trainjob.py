@@ -72,7 +72,7 @@ from kubetrain.render.metadata import (
     spec_annotations,
     validate_namespace,
 )
-from kubetrain.render.script import command_with_mounted_script, script_sha256
+from kubetrain.render.script import node_program, script_sha256
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -149,7 +149,7 @@ def _check_version(trainer_version: str, spec: TrainJobSpec) -> bool:
 
 
 def _trainer(spec: TrainJobSpec) -> TrainerV1alpha1Trainer:
-    command, args = command_with_mounted_script(spec)
+    command, args = node_program(spec)
     resources = pod.resource_requirements(spec.resources_per_node)
     return TrainerV1alpha1Trainer(
         image=spec.image,

@@ -21,6 +21,7 @@ UNREACHABLE = {
     "owner": "built by backends/kubernetes/owner.py from the pod's environment, not by a user",
     "run_name": "the KFP pipeline always passes its run's resource name with --storage",
     "sample": "export_model's own argument; collect --export traces a random batch",
+    "working_dir": "plan_launch derives it from --checkpoint-dir, refused first as checkpoint_dir",
     "tolerations.operator": "--toleration's grammar (KEY[=VALUE]:EFFECT) yields Equal or Exists",
 }
 

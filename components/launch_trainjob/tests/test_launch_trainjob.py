@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -143,3 +144,35 @@ def test_a_dataset_already_on_the_shared_volume_is_not_copied(k8s, tmp_path, mon
     assert plan.checkpoint_dir == "/mnt/shared/checkpoints/j"
     local = plan_launch(request, "local", get_backend("local"))
     assert local.spec.volumes == () and local.checkpoint_dir.endswith("/j/checkpoints")
+
+
+def test_a_users_program_runs_in_its_checkpoint_folder_and_is_told_the_folders(
+    local_root, digits_dir, tmp_path, monkeypatch, capsys
+):
+    """An unmodified script that saves into its working directory saves where collect reads;
+    it finds the dataset and the checkpoint folder in KUBETRAIN_DATA_DIR/CHECKPOINT_DIR, and
+    `python save.py` still finds save.py (resolved in the folder launch ran in)."""
+    from kubetrain.backends.local.backend import LocalBackend
+    from kubetrain.cli import main as kubetrain_main
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "save.py").write_text(
+        "import json, os\n"
+        "seen = {k: os.environ[k] for k in ('KUBETRAIN_DATA_DIR', 'KUBETRAIN_CHECKPOINT_DIR')}\n"
+        "seen['cwd'] = os.getcwd()\n"
+        "open('model.pt', 'w').write(json.dumps(seen))\n"
+    )
+    monkeypatch.chdir(workspace)
+    options = ["--name", "own-program", "--nodes", "1", "--data", str(digits_dir)]
+    assert kubetrain_main(["launch", *options, "--", sys.executable, "save.py"]) == 0
+    assert LocalBackend().wait("own-program", timeout=60).state == "Complete"
+    checkpoints = local_root / "own-program" / "checkpoints"
+    seen = json.loads((checkpoints / "model.pt").read_text())
+    assert seen == {
+        "KUBETRAIN_DATA_DIR": str(digits_dir),
+        "KUBETRAIN_CHECKPOINT_DIR": str(checkpoints),
+        "cwd": str(checkpoints),
+    }
+    assert not (workspace / "model.pt").exists()
+    LocalBackend().delete("own-program")

@@ -123,6 +123,7 @@ def test_a_script_renders_its_configmap_first_as_launch_creates_it(cluster, tmp_
     script = tmp_path / "train.py"
     script.write_text("print('hello from a node')\n")
     options = ["--backend", "trainer", "--name", "scripted", "--script", str(script)]
+    options += ["--data", "/mnt/shared/data"]  # render's default, so launch's too
     command = ["--", "torchrun", "train.py"]
     assert kubetrain_main(["launch", "--trainer-version", "2.3", *options, *command]) == 0
     configmap = as_created(cluster.emulator.get("configmaps", "scripted-script"))
@@ -166,7 +167,9 @@ def test_render_prints_what_the_kfp_component_creates_for_a_users_program(
     dataset = types.SimpleNamespace(path=str(digits_dir))
     arguments = {**PIPELINE_ARGUMENTS, "shared_mount": str(tmp_path / "shared")}
     command = ["torchrun", "train.py", "--epochs", "3"]
-    launch_trainjob.python_func(dataset=dataset, command=command, script=str(script), **arguments)
+    outputs = launch_trainjob.python_func(
+        dataset=dataset, command=command, script=str(script), **arguments
+    )
     stored = [as_created(cluster.emulator.get("configmaps", f"{name}-script")) for name in
               [t["metadata"]["name"] for t in cluster.emulator.list("trainjobs")]]  # fmt: skip
     (trainjob,) = [as_created(t) for t in cluster.emulator.list("trainjobs")]
@@ -175,8 +178,16 @@ def test_render_prints_what_the_kfp_component_creates_for_a_users_program(
         [*options, "--script", str(script), "--command-json", json.dumps(command)], capsys
     )
     assert yaml.safe_dump(printed) == yaml.safe_dump([*stored, trainjob])
-    assert trainjob["spec"]["trainer"]["command"] == ["torchrun"]
-    assert trainjob["spec"]["trainer"]["args"][0] == "/workspace/train.py"
+    # It runs in its checkpoint folder on the claim (IN_FOLDER), the shipped script mounted.
+    from kubetrain.render.script import IN_FOLDER
+
+    trainer = trainjob["spec"]["trainer"]
+    assert trainer["command"] == list(IN_FOLDER)
+    assert trainer["args"][1:] == ["torchrun", "/workspace/train.py", "--epochs", "3"]
+    assert trainer["args"][0] == str(tmp_path / "shared" / "checkpoints" / outputs.job_name)
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["KUBETRAIN_CHECKPOINT_DIR"] == trainer["args"][0]
+    assert env["KUBETRAIN_DATA_DIR"] == str(tmp_path / "shared" / "datasets" / outputs.job_name)
 
 
 @pytest.mark.bad_input
@@ -190,6 +201,8 @@ def test_render_prints_what_the_kfp_component_creates_for_a_users_program(
         (["--toleration", '["nvidia.com/gpu:NoSchedule", 1]'], "--toleration"),  # not texts
         (["--suspend", "maybe"], "--suspend"),
         (["--active-deadline-seconds", "soon"], "--active-deadline-seconds"),
+        # a user's program runs in its checkpoint folder: on a cluster it must be absolute
+        (["--checkpoint-dir", "ckpt", "--command-json", '["python3", "x.py"]'], "checkpoint_dir"),
     ],
 )
 def test_bad_json_and_flag_options_are_refused_before_anything_is_created(

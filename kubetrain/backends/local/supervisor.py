@@ -111,6 +111,15 @@ def supervise(job_dir: Path) -> JobStatus:
         return finish(job_dir, status, FAILED, reason, message)
 
 
+def _in_launch_folder(part: str, launch_folder: str) -> str:
+    """``part`` as an absolute path when it names a file of the folder launch ran in."""
+    path = Path(part)
+    if path.is_absolute() or part.startswith("-"):
+        return part
+    candidate = Path(launch_folder) / path
+    return str(candidate) if candidate.is_file() else part
+
+
 def start_nodes(
     job_dir: Path, spec: TrainJobSpec, cwd: str, status: JobStatus
 ) -> list[subprocess.Popen]:
@@ -118,15 +127,24 @@ def start_nodes(
     job is recorded Failed and the nodes already started are stopped."""
     port = free_port()
     processes: list[subprocess.Popen] = []
+    program = [*spec.command, *spec.args]
+    run_in = cwd
+    if spec.working_dir:
+        # The nodes run in the job's folder; what they name in the launch folder
+        # (`torchrun train.py`) is found there still, as a shipped script is on a cluster.
+        program = [_in_launch_folder(part, cwd) for part in program]
+        run_in = spec.working_dir
     for rank in range(spec.num_nodes):
         env = node_env(spec, rank, port)
         with open(node_log(job_dir, rank), "ab") as log:
             try:
+                if spec.working_dir:
+                    Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
                 processes.append(
                     subprocess.Popen(
-                        expand_all([*spec.command, *spec.args], env),
+                        expand_all(program, env),
                         env=env,
-                        cwd=cwd,
+                        cwd=run_in,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,

@@ -17,10 +17,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Read the newest complete checkpoint through its LATEST pointer, verify every file's "
             "sha256, gather FSDP shards into one state dict, and publish OUTPUT/model.safetensors "
-            "and OUTPUT/model.json atomically."
+            "and OUTPUT/model.json atomically. A folder a training script saved into is searched "
+            "instead for a torch.save'd state dict (.pt/.pth/.bin, or a dict holding one under "
+            "model_state_dict, state_dict or model), a .safetensors file, a DCP folder or an HF "
+            "index, and the newest taken (by the epoch or step number in its name, else by "
+            "modification time; never one still being written)."
         ),
     )
     parser.add_argument("--checkpoint-dir", required=True, help="folder the training job wrote")
+    parser.add_argument(
+        "--checkpoint-file",
+        default="",
+        metavar="PATH",
+        help=(
+            "the checkpoint to take instead of the newest: a file or folder inside "
+            "--checkpoint-dir (relative to it, or absolute), e.g. model_epoch_9.pt"
+        ),
+    )
     parser.add_argument("--output", required=True, help="folder to publish the model in")
     parser.add_argument(
         "--export",
@@ -48,16 +61,27 @@ def run(args: argparse.Namespace) -> int:
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 
     model = collect_checkpoint(
-        args.checkpoint_dir, args.output, args.export, model_factory=args.model_factory
+        args.checkpoint_dir,
+        args.output,
+        args.export,
+        model_factory=args.model_factory,
+        checkpoint_file=args.checkpoint_file,
     )
     card = model.card
-    print(
-        f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
-        f"world size {card['world_size']}) from {card['source_checkpoint']}"
-    )
+    if "strategy" in card:  # a kubetrain checkpoint
+        print(
+            f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
+            f"world size {card['world_size']}) from {card['source_checkpoint']}"
+        )
+    else:
+        epoch = f", epoch {card['epoch']}" if "epoch" in card else ""
+        print(
+            f"collected {card['source_file']} ({card['source_format']}{epoch}) from "
+            f"{card['source_checkpoint']}"
+        )
     print(f"model {model.path} sha256 {model.sha256}")
     write_output_parameters(
         args.output_parameters,
-        {"model_dir": args.output, "sha256": model.sha256, "epoch": card["epoch"]},
+        {"model_dir": args.output, "sha256": model.sha256, "epoch": card.get("epoch", "")},
     )
     return 0

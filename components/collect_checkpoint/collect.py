@@ -1,6 +1,12 @@
 """Collect step: take the newest complete checkpoint rank 0 published, verify it, and publish
 the model as one ``model.safetensors`` (plus a ``model.json`` card) in an output folder.
 
+A folder in kubetrain's own layout (``LATEST``, ``epoch-*/manifest.json``) is collected as
+such. Any other local folder is searched for what training scripts write (``torch.save``d
+state dicts, safetensors files, DCP folders, HF sharded checkpoints: see
+:mod:`kubetrain.artifacts.foreign_checkpoints`), the newest taken, or the one
+``checkpoint_file`` names.
+
 DDP's ``model.safetensors`` (rank 0's full model) is streamed with bounded memory and its sha256
 checked while copying; FSDP's sharded DCP checkpoints are gathered into one full state dict, so
 what is published has the same keys and shapes whatever the strategy. Checkpoint and output may be
@@ -17,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
-from kubetrain.artifacts.manifest import check_model_code
-from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
+from kubetrain.artifacts.manifest import MANIFEST, check_model_code
+from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
 from kubetrain.artifacts.output_rule import MODEL, check_output
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput
@@ -38,19 +44,22 @@ EXPORT_KINDS = ("none", "torch-export", "torchscript")
 
 
 def collect_checkpoint(
-    checkpoint_dir: str, output_dir: str, export: str = "none", model_factory: str = ""
+    checkpoint_dir: str,
+    output_dir: str,
+    export: str = "none",
+    model_factory: str = "",
+    checkpoint_file: str = "",
 ) -> CollectedModel:
     """Publish the newest complete checkpoint of ``checkpoint_dir`` as a model in ``output_dir``.
 
     ``model_factory`` (``package.module:callable``) builds the model an export traces when the
-    checkpoint records custom code, which is never imported on the manifest's word alone.
+    checkpoint records custom code, which is never imported on the manifest's word alone; for
+    a script's checkpoint it is recorded as the model's spec (evaluate still imports it only
+    when named there too). ``checkpoint_file`` names the checkpoint to take (relative to
+    ``checkpoint_dir``, or absolute inside it) instead of the newest.
     """
-    from kubetrain.artifacts.checkpoint_manifest import (
-        latest_checkpoint,
-        listed_files,
-        read_manifest,
-        verify_checkpoint,
-    )
+    from kubetrain.artifacts import foreign_checkpoints as foreign
+    from kubetrain.artifacts.checkpoint_manifest import latest_checkpoint
 
     if not checkpoint_dir:
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
@@ -63,12 +72,50 @@ def collect_checkpoint(
         )
     # before the work: an output the rule allows (never the checkpoint folder itself)
     check_output(output_dir, "output", MODEL, {"checkpoint_dir": checkpoint_dir})
+    local = storage.is_local(checkpoint_dir)
+    root = storage.local_path(checkpoint_dir, "checkpoint_dir") if local else None
+    if checkpoint_file:
+        if root is None:
+            raise InvalidInput(
+                "checkpoint_file",
+                f"names a file in {checkpoint_dir}, which is not a local folder",
+                "copy the checkpoint to a local folder or volume and point --checkpoint-dir at it",
+            )
+        named = foreign.named_checkpoint(root, checkpoint_file)
+        if isinstance(named, Path):  # one of kubetrain's own checkpoint folders
+            return _collect_ours(named, output_dir, export, model_factory)
+        return _collect_foreign(root, named, output_dir, export, model_factory)
     checkpoint = latest_checkpoint(checkpoint_dir)
-    if checkpoint is None:
+    if checkpoint is not None:
+        return _collect_ours(checkpoint, output_dir, export, model_factory)
+    if root is not None and foreign.holds_our_layout(root):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} holds no complete checkpoint (no LATEST pointer and "
             "no epoch-* folder with a manifest); check the training job's logs"
         )
+    if root is None:
+        raise IntegrityError(
+            f"checkpoint_dir: {checkpoint_dir} holds no kubetrain checkpoint (no LATEST pointer "
+            "and no epoch-* folder with a manifest), and other formats are read from a local "
+            "folder only; copy the checkpoint to a local folder or volume and point "
+            "--checkpoint-dir at it"
+        )
+    search = foreign.find_checkpoint(root)
+    if search.found is None:
+        raise foreign.nothing_to_collect(checkpoint_dir, search.writing)
+    return _collect_foreign(root, search.found, output_dir, export, model_factory)
+
+
+def _collect_ours(
+    checkpoint: storage.Location, output_dir: str, export: str, model_factory: str
+) -> CollectedModel:
+    """A checkpoint of kubetrain's own layout, as it always was collected."""
+    from kubetrain.artifacts.checkpoint_manifest import (
+        listed_files,
+        read_manifest,
+        verify_checkpoint,
+    )
+
     # Every name the manifest lists is held to the manifest rule before any file is opened;
     # DDP's model file is verified while it is copied, FSDP's shards before they are gathered.
     manifest = read_manifest(checkpoint)
@@ -86,20 +133,63 @@ def collect_checkpoint(
         else:
             model_sha256 = _gather_shards(checkpoint, staged / MODEL_FILE)
         card = _model_card(checkpoint, manifest, model_sha256)
-        card_text = json.dumps(card, indent=2, sort_keys=True) + "\n"
-        (staged / MODEL_CARD).write_text(card_text)
-        if export != "none":
-            from kubetrain.artifacts.export import export_model
-
-            # checked against the model before it is kept
-            export_model(staged, export, model_factory=model_factory or None)
-        # the model file's sha256 was verified as it was staged: not hashed again to upload it
-        storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: model_sha256})
+        _publish(staged, card, output_dir, export, model_factory)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
         path=str(storage.join(output_dir, MODEL_FILE)), sha256=card["sha256"], card=card
     )
+
+
+def _collect_foreign(
+    root: Path, candidate: Any, output_dir: str, export: str, model_factory: str
+) -> CollectedModel:
+    """A checkpoint a training script wrote (``candidate``, found in ``root``), written tensor
+    by tensor as ``model.safetensors``."""
+    from kubetrain.artifacts import foreign_checkpoints as foreign
+
+    if export != "none":  # refused before anything is read
+        raise InvalidInput(
+            "export",
+            f"{root / candidate.relative} is a script's checkpoint, which records no sample "
+            "shape to trace the model with",
+            "collect it with --export none (an export needs a kubetrain checkpoint)",
+        )
+    staged = storage.staging_dir(output_dir)
+    try:
+        converted = foreign.convert(root, candidate, staged / MODEL_FILE)
+        card = {
+            "format": MODEL_FORMAT,
+            "source_checkpoint": str(root),
+            "source_file": converted.source,
+            "source_sha256": converted.source_sha256,
+            "source_format": converted.format,
+            **converted.numbers,
+            "model": {"spec": model_factory} if model_factory else {},
+            "metrics": [],
+            "checkpoint_files": converted.files,
+            "sha256": converted.sha256,
+        }
+        _publish(staged, card, output_dir, export, model_factory)
+    finally:
+        storage.discard_staging(staged)
+    return CollectedModel(
+        path=str(storage.join(output_dir, MODEL_FILE)), sha256=card["sha256"], card=card
+    )
+
+
+def _publish(
+    staged: Path, card: dict[str, Any], output_dir: str, export: str, model_factory: str
+) -> None:
+    """Write the card beside the staged model (and the export, checked against the model before
+    it is kept), then publish the folder at ``output_dir``."""
+    (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    if export != "none":
+        from kubetrain.artifacts.export import export_model
+
+        export_model(staged, export, model_factory=model_factory or None)
+    # the model file's sha256 was verified as it was staged: not hashed again to upload it
+    storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: card["sha256"]})
 
 
 def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], target: Path) -> str:
@@ -140,9 +230,13 @@ def _gather_shards(checkpoint: storage.Location, target: Path) -> str:
 def _model_card(
     checkpoint: storage.Location, manifest: dict[str, Any], sha256: str
 ) -> dict[str, Any]:
+    manifest_file = storage.join(checkpoint, MANIFEST)
     return {
         "format": MODEL_FORMAT,
         "source_checkpoint": str(checkpoint),
+        "source_file": MANIFEST,  # relative to source_checkpoint, as for any format
+        "source_sha256": storage.sha256(manifest_file),
+        "source_format": SOURCE_KUBETRAIN,
         "epoch": manifest["epoch"],
         "step": manifest["step"],
         "world_size": manifest["world_size"],

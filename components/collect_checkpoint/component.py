@@ -13,6 +13,7 @@ def collect_checkpoint(
     run_name: str = "",
     export: str = "none",
     model_factory: str = "",
+    checkpoint_file: str = "",
 ):
     """Verify the newest complete rank-0 checkpoint and publish it as model.safetensors.
 
@@ -21,29 +22,46 @@ def collect_checkpoint(
     ``export``: none, torch-export (model.pt2) or torchscript, published beside the model.
     ``model_factory``: package.module:callable building the model an export traces, needed
     when the checkpoint records custom model code (never imported on the manifest's word).
+    ``checkpoint_file``: the checkpoint to take instead of the newest, a file or folder inside
+    ``checkpoint_dir`` (e.g. model_epoch_9.pt); empty: the newest.
     """
     from kubetrain import storage as object_storage
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint as collect
 
     output = object_storage.run_folder(storage, "models", run_name) if storage else model.path
-    collected = collect(checkpoint_dir, str(output), export, model_factory=model_factory)
+    collected = collect(
+        checkpoint_dir,
+        str(output),
+        export,
+        model_factory=model_factory,
+        checkpoint_file=checkpoint_file,
+    )
     if storage:
         object_storage.write_pointer(model.path, output)
         model.metadata["uri"] = str(output)
     card = collected.card
     final = card["metrics"][-1] if card["metrics"] else {}
+    recorded = {
+        "epoch": card.get("epoch"),
+        "step": card.get("step"),
+        "world_size": card.get("world_size"),
+        "strategy": card.get("strategy"),
+        "model": card["model"].get("spec"),
+    }
     model.metadata.update(
         {
             "framework": "pytorch",
             "format": "safetensors",
             "file": "model.safetensors",
             "sha256": collected.sha256,
-            "epoch": card["epoch"],
-            "step": card["step"],
-            "world_size": card["world_size"],
-            "strategy": card["strategy"],
-            "model": card["model"]["spec"],
+            "source_file": card["source_file"],
+            "source_sha256": card["source_sha256"],
+            "source_format": card["source_format"],
+            **{key: value for key, value in recorded.items() if value is not None},
             "metrics": final,
         }
     )
-    print(f"collected epoch {card['epoch']} ({card['strategy']}) sha256 {collected.sha256}")
+    print(
+        f"collected {card['source_file']} ({card['source_format']}, epoch "
+        f"{card.get('epoch', 'unknown')}) sha256 {collected.sha256}"
+    )

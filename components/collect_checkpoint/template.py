@@ -34,6 +34,8 @@ def collect_checkpoint_template(
             inputs("export"),
             "--model-factory",
             inputs("model_factory"),
+            "--checkpoint-file",
+            inputs("checkpoint_file"),
         ],  # fmt: skip
         [
             input_parameter("checkpoint_dir", "folder the training job wrote"),
@@ -42,6 +44,12 @@ def collect_checkpoint_template(
             input_parameter(
                 "model_factory",
                 "package.module:callable building a custom model to export; empty: built-in",
+                "",
+            ),
+            input_parameter(
+                "checkpoint_file",
+                "the checkpoint to take, inside checkpoint_dir (e.g. model_epoch_9.pt); "
+                "empty: the newest",
                 "",
             ),
         ],

@@ -81,6 +81,12 @@ def evaluate_model(
     card = read_model_card(model_dir)
     dataset = read_manifest(data_dir)
     spec = card["model"]
+    if "sample_shape" not in spec or "num_classes" not in spec:
+        # a script's checkpoint records neither: the model is built for the dataset it is
+        # scored on (by --model-factory, which load_model requires)
+        shape = {"sample_shape": dataset["sample_shape"], "num_classes": dataset["num_classes"]}
+        spec = {**shape, **spec}
+        card = {**card, "model": spec}
     if list(spec["sample_shape"]) != list(dataset["sample_shape"]):
         raise InvalidInput(
             "dataset",

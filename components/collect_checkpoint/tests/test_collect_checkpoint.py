@@ -67,8 +67,11 @@ def test_missing_or_empty_checkpoint_folders_fail_clearly(tmp_path):
     with pytest.raises(IntegrityError, match="does not exist"):
         collect_checkpoint(str(tmp_path / "nowhere"), str(tmp_path / "model"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(IntegrityError, match="no complete checkpoint"):
+    with pytest.raises(IntegrityError, match=r"empty holds no checkpoint \(looked for our"):
         collect_checkpoint(str(tmp_path / "empty"), str(tmp_path / "model"))
+    (tmp_path / "crashed" / "epoch-000001").mkdir(parents=True)  # our layout, never completed
+    with pytest.raises(IntegrityError, match="no complete checkpoint"):
+        collect_checkpoint(str(tmp_path / "crashed"), str(tmp_path / "model"))
     with pytest.raises(InvalidInput, match="checkpoint_dir"):
         collect_checkpoint("", str(tmp_path / "model"))
     assert not (tmp_path / "model").exists()

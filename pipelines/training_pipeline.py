@@ -1,6 +1,6 @@
 """The kubetrain training pipeline: prep → launch → wait → collect → evaluate."""
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import dsl, kubernetes
 
@@ -52,6 +52,8 @@ def training_pipeline(
     cpu: str = "",
     memory: str = "",
     gpu: int = 0,
+    command: Optional[list] = None,  # noqa: UP045 (KFP reads the annotation)
+    script: str = "",
 ) -> NamedTuple(  # noqa: UP014
     "PipelineOutputs",
     [
@@ -62,6 +64,9 @@ def training_pipeline(
         ("report", dsl.HTML),
     ],
 ):
+    # `command` (a list) runs your program instead of our trainer, in its checkpoint folder with
+    # KUBETRAIN_DATA_DIR/KUBETRAIN_CHECKPOINT_DIR set; `model` then names the factory
+    # (package.module:callable) collect and evaluate rebuild your model with.
     # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
     # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
     prep = dataset_prep(
@@ -94,6 +99,8 @@ def training_pipeline(
         cpu=cpu,
         memory=memory,
         gpu=gpu,
+        command=command,
+        script=script,
     )
     launch.set_caching_options(False)
     # On a cluster, the dataset and checkpoints travel through a ReadWriteMany PVC that the

@@ -95,6 +95,13 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
     "storage_secret": ("", "Secret with AWS_* keys for s3:// data, given to the TrainJob's nodes"),
     "service_account": ("kubetrain", "ServiceAccount the steps run as (runtimes/rbac.yaml)"),
+    "command": (
+        "[]",
+        'your program instead of our trainer, a JSON list, e.g. ["torchrun", "train.py"]; it '
+        "runs in its checkpoint folder with KUBETRAIN_DATA_DIR/KUBETRAIN_CHECKPOINT_DIR set, and "
+        "`model` names the factory evaluate rebuilds it with; [] = our trainer",
+    ),
+    "script": ("", "a training script the steps can read (on the claim), shipped with the job"),
 }
 
 
@@ -210,6 +217,8 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
                         "memory",
                         "gpu",
                         "storage_secret",
+                        "command",
+                        "script",
                     )
                 },  # fmt: skip
             },

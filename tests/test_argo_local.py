@@ -21,6 +21,7 @@ from tests.support.argo_local import (
     WorkflowRun,
     run_workflow,
 )
+from tests.test_own_program import SAVES, write_user_folder
 
 COMPILED_WORKFLOW = Path(__file__).parents[1] / "pipelines" / "compiled" / "training_workflow.yaml"
 
@@ -364,11 +365,19 @@ def test_unsupported_features_fail_loudly(tmp_path: Path, change: Any, field: st
 
 def run_training_workflow(root: Path, **arguments: str) -> WorkflowRun:
     document = yaml.safe_load(COMPILED_WORKFLOW.read_text())
+    env = {"KUBETRAIN_LOCAL_ROOT": str(root / "local"), "PATH": program_path()}
+    if arguments.get("command", "[]") != "[]":
+        # Your own program, written like the seeds' DDP examples; its model factory is
+        # importable by the steps (on a cluster: installed in the components image).
+        project = write_user_folder(root / "project", SAVES["per-epoch"])
+        script = str(project / "train.py")
+        arguments = {**arguments, "script": script, "command": json.dumps(["torchrun", script])}
+        env["PYTHONPATH"] = str(project)
     return run_workflow(
         document,
         workdir=root / "workflow",
         arguments={"backend": "local", "dataset_source": "sklearn:digits", **arguments},
-        env={"KUBETRAIN_LOCAL_ROOT": str(root / "local"), "PATH": program_path()},
+        env=env,
         task_timeout=300,
     )
 
@@ -379,6 +388,7 @@ E2E_RUNS: dict[str, dict[str, str]] = {
     "below-threshold": {"epochs": "1", "accuracy_threshold": "0.999"},
     "prep-fails": {"dataset_source": "sklearn:nope"},
     "wait-times-out": {"wait_timeout_seconds": "1"},
+    "own-program": {"command": "yours", "model": "netdef:build", "accuracy_threshold": "0.9"},
 }
 
 
@@ -427,6 +437,16 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
         p.name for p in report.iterdir()
     }
     assert run.exit_nodes["delete-trainjob"].phase == "Skipped"
+
+
+def test_training_workflow_trains_your_own_program(e2e_runs: dict[str, Future]) -> None:
+    """The compiled workflow with `command` (a JSON list) and `script`: the program runs in its
+    checkpoint folder, saves one model_epoch_N.pt per epoch, and collect takes the newest."""
+    run = e2e_runs["own-program"].result()
+    assert run.phase == "Succeeded", describe(run)
+    assert float(run.nodes["evaluate"].outputs["accuracy"]) >= 0.9
+    assert run.nodes["collect"].outputs["epoch"] == "8"
+    assert run.nodes["promote"].phase == "Succeeded"
 
 
 def test_training_workflow_below_threshold_skips_promote(e2e_runs: dict[str, Future]) -> None:

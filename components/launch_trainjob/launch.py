@@ -413,7 +413,7 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
     from kubetrain.artifacts.datasets import read_manifest
 
     if model not in BUILTIN_MODELS:
-        _check_model_imports(model)
+        check_model_imports(model)
     if storage.is_local(storage.dereference(data_dir)):
         try:
             read_manifest(data_dir)
@@ -425,7 +425,7 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
         _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
 
 
-def _check_model_imports(model: str) -> None:
+def check_model_imports(model: str) -> None:
     """Import the user's ``package.module:callable`` as the nodes will: from the folder they
     run in (this one), which ``python -m`` puts first on their path."""
     from kubetrain.artifacts.models import import_callable

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.storage import atomic
-from kubetrain.training_choices import STRATEGIES
+from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=STRATEGIES,
         help="data-parallel strategy; default ddp",
     )
-    parser.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
+    parser.add_argument(
+        "--model",
+        default="mlp",
+        help="mlp, cnn or package.module:callable (callable(sample_shape, num_classes) -> "
+        "nn.Module, importable from this folder); with your own program, the factory collect "
+        "and evaluate rebuild your model with",
+    )
+    parser.add_argument(
+        "--script",
+        default="",
+        metavar="FILE",
+        help="your training script, shipped with the job (on a cluster; here the nodes read it "
+        "where it is), e.g. --script train.py -- torchrun train.py",
+    )
     parser.add_argument("--epochs", type=int, default=10, help="training epochs; default 10")
     parser.add_argument("--lr", type=float, default=0.001, help="learning rate; default 0.001")
     parser.add_argument(
@@ -87,6 +100,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stop the training job when it logs nothing for this many seconds while running "
         "(a hung rank); default 1800, 0 = never",
     )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="-- CMD [ARGS...]: your training program instead of our trainer, e.g. "
+        "`-- torchrun train.py`; it runs in its checkpoint folder, reads "
+        "$KUBETRAIN_DATA_DIR/train.safetensors and saves there (rank 0), e.g. "
+        '`torch.save(model.module.state_dict(), "model.pt")`',
+    )
     parser.set_defaults(handler=run)
 
 
@@ -111,13 +132,29 @@ def validate_arguments(args: argparse.Namespace) -> None:
     from kubetrain.cli.param_option import check_value
     from kubetrain.components.dataset_prep.prep import check_source
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
+    from kubetrain.components.launch_trainjob.launch import check_model_imports
 
     for parameter, dest, option in CHECKED:
         check_value(parameter, getattr(args, dest), option)
     validate_threshold(args.threshold)
     check_source(args.dataset, "--dataset")
+    if program(args) and args.model in BUILTIN_MODELS:
+        raise InvalidInput(
+            "--model",
+            f"{args.model} is our trainer's model, not your program's",
+            "give the factory that builds your model, e.g. --model netdef:build",
+        )
+    if args.model not in BUILTIN_MODELS:
+        check_model_imports(args.model)  # now, not after prep and training
+    if args.script and not Path(args.script).is_file():
+        raise InvalidInput("--script", f"{args.script} is not a file", "give your script's path")
     if args.storage:
         storage.resolve(args.storage, "--storage")
+
+
+def program(args: argparse.Namespace) -> list[str]:
+    """The user's program given after ``--`` (empty: our trainer)."""
+    return args.command[1:] if args.command[:1] == ["--"] else args.command
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
                 wait_timeout_seconds=float(args.timeout),
                 stall_timeout_seconds=float(args.stall_timeout),
                 storage=args.storage,
+                command=program(args),
+                script=str(Path(args.script).absolute()) if args.script else "",
             ).outputs
         except RuntimeError as exc:
             raise KubetrainError(f"pipeline failed: {exc}") from exc
@@ -159,9 +198,12 @@ def run(args: argparse.Namespace) -> int:
     accuracy, passed = outputs["accuracy"], outputs["passed"]
     verdict = "passed" if passed else "below threshold"
     print()
+    training = (
+        " ".join(program(args)) if program(args) else f"{args.strategy}, {args.epochs} epochs"
+    )
     print(
         f"kubetrain run: {args.nodes} node(s) x {args.procs_per_node} process(es), "
-        f"{args.strategy}, {args.epochs} epochs on {args.dataset}"
+        f"{training} on {args.dataset}"
     )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
     print(f"time     {elapsed:.1f}s")

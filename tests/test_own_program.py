@@ -1,0 +1,130 @@
+"""Your own training code through `kubetrain run`: a torchrun script written the way the seed
+documents' DDP examples are (init_process_group, DistributedSampler, DDP, rank 0
+``torch.save(model.module.state_dict(), "model.pt")`` into its working directory), with its
+model factory in a module beside it, trained by real processes through KFP's local runner and
+collected, verified and evaluated by the pipeline's own steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+NETDEF = '''
+from torch import nn
+
+
+def build(sample_shape, num_classes):
+    """The factory `--model netdef:build` names: (sample_shape, num_classes) -> nn.Module."""
+    features = 1
+    for size in sample_shape:
+        features *= size
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, num_classes)
+    )
+'''
+
+#: {save} is replaced by how the script saves its model (the seeds' three forms).
+TRAIN = """
+import os
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from netdef import build
+
+
+def main():
+    dist.init_process_group(backend="gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    tensors = load_file(os.path.join(os.environ["KUBETRAIN_DATA_DIR"], "train.safetensors"))
+    dataset = TensorDataset(tensors["x"], tensors["y"])
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    model = DDP(build(list(tensors["x"].shape[1:]), 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for epoch in range(1, 9):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            print(f"epoch {{epoch}} loss {{loss.item():.4f}}", flush=True)
+            {save}
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+SAVES = {
+    "state-dict": 'torch.save(model.module.state_dict(), "model.pt")',
+    "per-epoch": 'torch.save(model.module.state_dict(), f"model_epoch_{epoch}.pt")',
+    "dict": (
+        'torch.save({"epoch": epoch, "model_state_dict": model.module.state_dict(), '
+        '"optimizer_state_dict": optimizer.state_dict()}, "checkpoint.pt")'
+    ),
+}
+
+
+def write_user_folder(folder: Path, save: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "netdef.py").write_text(textwrap.dedent(NETDEF))
+    (folder / "train.py").write_text(textwrap.dedent(TRAIN).format(save=save))
+    return folder
+
+
+@pytest.mark.parametrize("form", sorted(SAVES))
+def test_kubetrain_run_trains_collects_and_evaluates_your_program(form, tmp_path):
+    folder = write_user_folder(tmp_path / "project", SAVES[form])
+    env = {**os.environ, "KUBETRAIN_LOCAL_ROOT": str(tmp_path / "jobs"), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "kubetrain", "run", "--output", str(tmp_path / "runs"),
+        "--script", "train.py", "--model", "netdef:build", "--threshold", "0.9",
+        "--", "torchrun", "train.py",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=folder, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = result.stdout.splitlines()
+    (accuracy_line,) = [line for line in summary if line.startswith("accuracy ")]
+    assert float(accuracy_line.split()[1]) >= 0.9, accuracy_line
+    assert any("torchrun train.py on sklearn:digits" in line for line in summary)
+    assert not list(folder.glob("*.pt")), "the script saved into its checkpoint folder"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (["--", "torchrun", "train.py"], "--model"),  # mlp is our trainer's, not the program's
+        (["--model", "netdef:nope", "--", "torchrun", "train.py"], "model"),  # no such callable
+        (["--model", "netdef:build", "--script", "missing.py", "--", "torchrun", "missing.py"],
+         "--script"),
+    ],
+)  # fmt: skip
+def test_kubetrain_run_refuses_a_bad_program_before_any_step(options, field, tmp_path):
+    """Checked in a second, before prep runs: nothing is written."""
+    from tests.reliability.test_bad_input import assert_one_line_error
+
+    folder = write_user_folder(tmp_path / "project", SAVES["state-dict"])
+    command = [sys.executable, "-m", "kubetrain", "run", "--output", str(tmp_path / "runs")]
+    result = subprocess.run(
+        [*command, *options], cwd=folder, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2  # InvalidInput's exit code
+    assert_one_line_error(result.stderr, "kubetrain run", field)
+    assert not (tmp_path / "runs").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 from bench.core import FigureSkipped, Row, Settings, log
 from bench.figures import (
     collect,
+    collect_dcp,
     launch,
     pipeline,
     scale,
@@ -31,6 +32,7 @@ FIGURES: dict[str, Callable[[Settings], list[Row]]] = {
     "B3": throughput.measure,
     "B3g": throughput_gpu.measure,
     "B4": collect.measure,
+    "B4d": collect_dcp.measure,
     "B1": pipeline.measure,
     "B2": wait.measure,
     "B6": scale.measure,

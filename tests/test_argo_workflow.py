@@ -44,7 +44,7 @@ LEFT_AT_DEFAULT = {
     "launch": {"command"},  # the template passes the program as --command-json
     "wait": {"quiet"},
     "collect": set(),
-    "evaluate": {"json"},
+    "evaluate": {"json", "command"},  # the template passes the program as --command-json
     "promote": set(),
     "delete": {"name"},
 }  # fmt: skip

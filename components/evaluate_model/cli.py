@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
@@ -18,7 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Load MODEL/model.safetensors (verified against its sha256), score the dataset's test "
             "split (accuracy, loss, per-class precision and recall, confusion matrix) and exit 0 "
-            "if accuracy >= --threshold, 3 if it is below."
+            "if accuracy >= --threshold, 3 if it is below. With your own evaluation program "
+            "after '--', run it instead with KUBETRAIN_MODEL_DIR, KUBETRAIN_DATA_DIR and "
+            "KUBETRAIN_METRICS_FILE (where it writes a JSON object of metric -> number) and gate "
+            "on --metric, e.g. `--metric loss --below 0.2 -- python eval.py`."
         ),
     )
     parser.add_argument("--model", required=True, help="folder written by `kubetrain collect`")
@@ -28,6 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=0.95,
         help="accuracy (a fraction) the model must reach; default 0.95",
+    )
+    parser.add_argument(
+        "--metric",
+        default="accuracy",
+        help="the metric the gate reads (your program's, or ours: accuracy, loss); default "
+        "accuracy",
+    )
+    parser.add_argument(
+        "--below",
+        type=_optional_number,
+        default=None,
+        help="pass when --metric is below this (e.g. a loss) instead of at least --threshold",
     )
     parser.add_argument(
         "--model-factory",
@@ -60,21 +76,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-fail-below-threshold exit 0 and let a workflow branch on the `passed` output",
     )
     add_output_parameters_argument(parser)
+    add_program_arguments(parser, "your evaluation program instead of ours")
     parser.set_defaults(handler=run)
 
 
+def _optional_number(text: str) -> float | None:
+    """A number, or none for an empty text (what an Argo parameter's default can carry)."""
+    if not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from kubetrain.components.evaluate_model.evaluate import evaluate_model, evaluation_report
+    command = program_from_args(args)
+    if command:
+        return run_program(args, command)
+    from kubetrain.components.evaluate_model.evaluate import Gate, evaluate_model, evaluation_report
     from kubetrain.components.evaluate_model.report import check_report_dir, write_report
     from kubetrain.storage.atomic import write_json
 
     report_inputs = {"model": args.model, "data": args.data}
     if args.report:  # the output rule, before the evaluation and the metrics file
         check_report_dir(args.report, report_inputs)
+    gate = Gate(args.metric, args.threshold, args.below).validate().check_ours()
     result = evaluate_model(
         args.model, args.data, threshold=args.threshold, model_factory=args.model_factory
     )
     metrics = result.as_dict()
+    passed = gate.passes({"accuracy": result.accuracy, "loss": result.loss})
+    metrics["passed"] = passed
     if args.json:
         print(json.dumps(metrics, indent=2))
     if args.metrics_output:
@@ -85,13 +118,51 @@ def run(args: argparse.Namespace) -> int:
         )
     write_output_parameters(
         args.output_parameters,
-        {"accuracy": result.accuracy, "loss": result.loss, "passed": result.passed},
+        {"accuracy": result.accuracy, "loss": result.loss, "passed": passed},
     )
-    verdict = "passed" if result.passed else "below threshold"
+    verdict = "passed" if passed else "below threshold"
     print(
         f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
-        f"{verdict} ({result.threshold:g})"
+        f"{verdict} ({gate.describe()})"
     )
     if args.report:
         print(f"report {report}")
+    return 0 if passed or not args.fail_below_threshold else 3
+
+
+def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
+    """Your evaluation program scores the model; its metrics are published and gated."""
+    from kubetrain.artifacts.model_card import read_model_card
+    from kubetrain.components.evaluate_model.evaluate import Gate, evaluate_with_program
+    from kubetrain.components.evaluate_model.report import (
+        check_report_dir,
+        metrics_report,
+        write_report,
+    )
+    from kubetrain.storage.atomic import write_json
+
+    report_inputs = {"model": args.model, "data": args.data}
+    if args.report:
+        check_report_dir(args.report, report_inputs)
+    gate = Gate(args.metric, args.threshold, args.below)
+    result = evaluate_with_program(command, args.model, args.data, gate)
+    metrics = {**result.metrics, "passed": result.passed}
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+    if args.metrics_output:
+        write_json(args.metrics_output, metrics)
+    if args.report:
+        card = read_model_card(args.model)
+        report = metrics_report(card, result.metrics, gate.describe(), result.passed)
+        print(f"report {write_report(report, args.report, report_inputs)}")
+    write_output_parameters(
+        args.output_parameters,
+        {
+            "accuracy": result.metrics.get("accuracy", ""),
+            "loss": result.metrics.get("loss", ""),
+            "passed": result.passed,
+        },
+    )
+    shown = " ".join(f"{name} {value:g}" for name, value in sorted(result.metrics.items()))
+    print(f"{shown}: {'passed' if result.passed else 'not passed'} ({gate.describe()})")
     return 0 if result.passed or not args.fail_below_threshold else 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -132,3 +133,135 @@ def evaluation_report(model_dir: str, data_dir: str, result: Evaluation) -> Repo
     from kubetrain.components.evaluate_model.report import build_report
 
     return build_report(read_model_card(model_dir), result.as_dict(), read_manifest(data_dir))
+
+
+# ------------------------------------------------------------------ your own evaluation
+#: What your evaluation program is told: the collected model, the dataset, where to write
+#: its metrics (a JSON object of name -> number).
+MODEL_DIR_ENV = "KUBETRAIN_MODEL_DIR"
+DATA_DIR_ENV = "KUBETRAIN_DATA_DIR"
+METRICS_FILE_ENV = "KUBETRAIN_METRICS_FILE"
+#: A metrics file larger than this is no metrics file.
+MAX_METRICS_BYTES = 1024 * 1024
+OUR_METRICS = ("accuracy", "loss")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """When a model passes: ``metric`` at least ``threshold``, or (with ``below``) under it."""
+
+    metric: str = "accuracy"
+    threshold: float = 0.95
+    below: float | None = None
+
+    def validate(self) -> Gate:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise InvalidInput("metric", "is empty", "give the metric to gate on, e.g. accuracy")
+        for field_name, value in (("threshold", self.threshold), ("below", self.below)):
+            if value is not None and not math.isfinite(value):
+                raise InvalidInput(field_name, f"{value} is not a finite number", "give a number")
+        if self.metric == "accuracy" and self.below is None:
+            validate_threshold(self.threshold)
+        return self
+
+    def check_ours(self) -> Gate:
+        """Our evaluation measures accuracy and loss only."""
+        if self.metric not in OUR_METRICS:
+            raise InvalidInput(
+                "metric",
+                f"{self.metric!r} is not one of ours",
+                "use accuracy or loss, or give your evaluation program",
+            )
+        return self
+
+    def passes(self, metrics: dict[str, float]) -> bool:
+        if self.metric not in metrics:
+            names = ", ".join(sorted(metrics)) or "none"
+            raise InvalidInput(
+                "metric",
+                f"{self.metric!r} is not among the metrics written ({names})",
+                "give --metric one of them, or write it from your program",
+            )
+        value = metrics[self.metric]
+        return value < self.below if self.below is not None else value >= self.threshold
+
+    def describe(self) -> str:
+        if self.below is not None:
+            return f"{self.metric} < {self.below:g}"
+        return f"{self.metric} >= {self.threshold:g}"
+
+
+@dataclass(frozen=True)
+class ProgramEvaluation:
+    """The metrics your evaluation program wrote, and whether they pass the gate."""
+
+    metrics: dict[str, float]
+    gate: Gate
+    passed: bool
+
+
+def evaluate_with_program(
+    command: tuple[str, ...] | list[str], model_dir: str, data_dir: str, gate: Gate
+) -> ProgramEvaluation:
+    """Run your evaluation program (no shell: ``command`` is the program and its arguments)
+    with the model and dataset folders and a metrics file in its environment, then read the
+    metrics it wrote and apply ``gate``. Its output goes to this step's log."""
+    import os
+    import subprocess
+    import tempfile
+
+    from kubetrain import storage
+    from kubetrain.errors import KubetrainError
+
+    gate.validate()
+    if not command or not all(isinstance(part, str) and part for part in command):
+        raise InvalidInput(
+            "command", f"{command!r} is no program", 'give it as texts, e.g. ["python", "eval.py"]'
+        )
+    with tempfile.TemporaryDirectory(prefix="kubetrain-evaluate-") as scratch:
+        metrics_file = os.path.join(scratch, "metrics.json")
+        env = {
+            **os.environ,
+            MODEL_DIR_ENV: str(storage.dereference(model_dir)),
+            DATA_DIR_ENV: str(storage.dereference(data_dir)),
+            METRICS_FILE_ENV: metrics_file,
+        }
+        try:
+            done = subprocess.run(list(command), env=env, check=False)
+        except OSError as exc:
+            raise InvalidInput(
+                "command", f"cannot start {command[0]}: {exc.strerror}", "check the program"
+            ) from None
+        if done.returncode != 0:
+            raise KubetrainError(
+                f"your evaluation program {command[0]} exited with code {done.returncode}; "
+                "its output is above"
+            )
+        metrics = read_metrics_file(metrics_file, command[0])
+    return ProgramEvaluation(metrics, gate, gate.passes(metrics))
+
+
+def read_metrics_file(path: str, program: str) -> dict[str, float]:
+    """The JSON object of metric name -> finite number the program wrote at ``path``."""
+    import json
+    import os
+
+    from kubetrain.user_files import read_user_file
+
+    fix = 'write {"accuracy": 0.97, ...} to $' + METRICS_FILE_ENV
+    if not os.path.lexists(path):
+        raise InvalidInput("metrics", f"{program} wrote no metrics file", fix)
+    text = read_user_file(path, "metrics", MAX_METRICS_BYTES, fix)
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidInput("metrics", f"{program} wrote no JSON", fix) from None
+    if not isinstance(data, dict) or not data:
+        raise InvalidInput("metrics", "is not a non-empty JSON object", fix)
+    metrics = {}
+    for name, value in data.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
+            raise InvalidInput("metrics", f"{name}: {value!r} is not a finite number", fix)
+        metrics[name] = float(value)
+    return metrics

@@ -210,6 +210,25 @@ img {{ max-width: 100%; }}
     return Report(html=page, images=images)
 
 
+def metrics_report(
+    card: Mapping[str, Any], metrics: Mapping[str, float], gate: str, passed: bool
+) -> Report:
+    """The page for a model your own evaluation program scored: its metrics, the gate and the
+    model card (no curves or confusion matrix: those are our evaluation's)."""
+    verdict = "passed" if passed else "not passed"
+    title = f"kubetrain model report: {gate}, {verdict}"
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title></head><body>
+<h1>{html.escape(title)}</h1>
+<h2>Metrics (your evaluation program)</h2>
+{_table(sorted(metrics.items()), ("metric", "value"))}
+<h2>Model card</h2>
+{_table(model_card_rows(card, {}))}
+</body></html>
+"""
+    return Report(html=page, images={})
+
+
 def check_report_dir(directory: str | Path, inputs: Mapping[str, str | Path] | None = None) -> None:
     """Refuse a report folder the one output rule forbids (an existing file, a folder with
     content that is no earlier report, the model or data folder or a folder inside or around

@@ -46,6 +46,12 @@ def evaluate_model_template(
             METRICS_PATH,
             "--report",
             REPORT_PATH,
+            "--metric",
+            inputs("metric"),
+            "--below",
+            inputs("below"),
+            "--command-json",
+            inputs("command"),
         ],  # fmt: skip
         [
             input_parameter("data", "dataset folder written by the prep step"),
@@ -55,11 +61,24 @@ def evaluate_model_template(
                 "package.module:callable building a model of custom code; empty: built-in",
                 "",
             ),
+            input_parameter(
+                "metric", "the metric the gate reads (ours: accuracy, loss)", "accuracy"
+            ),
+            input_parameter(
+                "below", "pass when the metric is below this instead; empty: at least threshold", ""
+            ),
+            input_parameter(
+                "command",
+                'your evaluation program, a JSON list, e.g. ["python", '
+                '"eval.py"]: run with KUBETRAIN_MODEL_DIR/DATA_DIR/METRICS_FILE; [] = '
+                "ours",
+                "[]",
+            ),
         ],
         [
             output_parameter("accuracy", "test accuracy"),
             output_parameter("loss", "mean cross-entropy on the test split"),
-            output_parameter("passed", "true when accuracy >= threshold"),
+            output_parameter("passed", "true when the gate passes (accuracy >= threshold)"),
             file_artifact("metrics", METRICS_PATH),
             # a folder stored unarchived, so Argo's UI lists it and opens report.html
             Artifact(name="report", path=REPORT_PATH, archive=NoneArchiveStrategy()),

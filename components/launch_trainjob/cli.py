@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
+from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
@@ -203,18 +204,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--command-json",
-        default="",
-        metavar="JSON",
-        help='the program every node runs as a JSON list, e.g. \'["torchrun", "train.py"]\' (what '
-        "an Argo parameter can carry); the same as giving it after --",
-    )
-    parser.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        help="-- CMD [ARGS...]: the program every node runs instead of our trainer",
-    )
+    add_program_arguments(parser, "the program every node runs instead of our trainer")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -260,22 +250,14 @@ def request_from_args(args: argparse.Namespace):
         LaunchRequest,
         TrainingOptions,
         initializer,
-        parse_command,
         parse_items,
         parse_pairs,
         parse_toleration,
         parse_volume,
         shared_volume,
     )
-    from kubetrain.errors import InvalidInput
     from kubetrain.jobspec import Resources
 
-    command = tuple(args.command[1:] if args.command[:1] == ["--"] else args.command)
-    from_json = parse_command(args.command_json, "--command-json")
-    if command and from_json:
-        raise InvalidInput(
-            "--command-json", "is given with a command after --", "give the program one way"
-        )
     return LaunchRequest(
         training=TrainingOptions(
             data_dir=args.data,
@@ -287,7 +269,7 @@ def request_from_args(args: argparse.Namespace):
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
         ),
-        command=command or from_json,
+        command=program_from_args(args),
         name=args.name,
         run_name=args.run_name,
         nodes=args.nodes,

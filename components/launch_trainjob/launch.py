@@ -326,12 +326,6 @@ def parse_items(values: list[str] | tuple[str, ...], option: str) -> list[str]:
     return items
 
 
-def parse_command(text: str, option: str = "command") -> tuple[str, ...]:
-    """The program and its arguments as a JSON list of texts (``["torchrun", "train.py"]``);
-    empty text or ``[]``: none (our trainer runs)."""
-    return tuple(text_list(_json(text, option), option)) if text.strip() else ()
-
-
 def _json(text: str, option: str) -> Any:
     try:
         return json.loads(text)

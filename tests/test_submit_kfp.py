@@ -77,10 +77,22 @@ def test_submit_creates_a_run_with_typed_parameters(kfp_api):
     assert run["experiment_id"] == "exp-1"
 
 
+def test_your_program_is_a_list_parameter(kfp_api):
+    """`-p command=JSON`: the pipeline's LIST parameter reaches the run as a list."""
+    host, received = kfp_api
+    command = ["torchrun", "/mnt/shared/code/train.py"]
+    result = submit("--host", host, "--param", f"command={json.dumps(command)}",
+                    "--param", "model=netdef:build")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ((_, _, run),) = [r for r in received if r[0] == "POST" and "/runs" in r[1]]
+    assert run["runtime_config"]["parameters"]["command"] == command
+
+
 @pytest.mark.parametrize(
     ("param", "message"),
     [("gpus=2", "no parameter 'gpus'"), ("nodes=two", "nodes: 'two' is not a number_integer"),
-     ("nodes", "is not NAME=VALUE")],
+     ("nodes", "is not NAME=VALUE"), ("command=torchrun x.py", "is not a list"),
+     ("command={}", "is not a list")],
 )  # fmt: skip
 def test_bad_parameters_are_refused_before_contacting_the_server(kfp_api, param, message):
     host, received = kfp_api

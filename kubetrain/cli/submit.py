@@ -4,6 +4,8 @@ the training workflow on an Argo Server (through Hera's ``WorkflowsService``).""
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from kubetrain import rules
@@ -13,12 +15,27 @@ from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
 from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.user_files import read_user_file
 
+
 # How a pipeline parameter's declared type turns a command-line string into its value.
-PARAMETER_PARSERS = {
+def _json_of(kind: type) -> Callable[[str], object]:
+    """A KFP LIST or STRUCT parameter from JSON text (``-p command='["torchrun", "x.py"]'``)."""
+
+    def parse(text: str) -> object:
+        value = json.loads(text)
+        if not isinstance(value, kind):
+            raise ValueError(text)
+        return value
+
+    return parse
+
+
+PARAMETER_PARSERS: dict[str, Callable[[str], object]] = {
     "NUMBER_INTEGER": int,
     "NUMBER_DOUBLE": float,
     "STRING": str,
     "BOOLEAN": lambda text: {"true": True, "false": False}[text.lower()],
+    "LIST": _json_of(list),
+    "STRUCT": _json_of(dict),
 }
 
 

@@ -173,3 +173,23 @@ def s3_env(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     for key, value in s3.env().items():
         monkeypatch.setenv(key, value)
     return s3
+
+
+@pytest.fixture
+def no_hang(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that blocks (a FIFO or a device opened by mistake) after the module's
+    ``HANG_SECONDS`` instead of hanging the suite; use it with ``usefixtures``."""
+    import signal
+
+    seconds = getattr(request.module, "HANG_SECONDS", 60)
+
+    def hung(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"hung for {seconds} s: a FIFO or device was opened")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import re
-import stat
 import struct
 import time
 import warnings
@@ -50,7 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kubetrain.artifacts.manifest import MAX_RECORD_BYTES, name_problem, shown
+from kubetrain.artifacts.manifest import (
+    MAX_RECORD_BYTES,
+    local_entry_problem,
+    name_problem,
+    shown,
+)
 from kubetrain.artifacts.model_card import (
     SOURCE_DCP,
     SOURCE_HF_SHARDED_SAFETENSORS,
@@ -62,7 +66,6 @@ from kubetrain.artifacts.model_card import (
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.storage.integrity import CHUNK_BYTES, sha256_file
-from kubetrain.user_files import file_kind
 
 if TYPE_CHECKING:
     import torch
@@ -318,7 +321,7 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
     relative = relative.removeprefix("./").rstrip("/") or "."
     problem = None if relative == "." else name_problem(relative)
     if problem is None:
-        problem = _outside_or_special(root, relative, allow_dir=True)
+        problem = local_entry_problem(root, relative, allow_dir=True)
     if problem is not None:
         raise InvalidInput("checkpoint_file", f"{shown(given)} {problem}", _NAMED_FIX)
     path = root / relative if relative != "." else root
@@ -371,28 +374,10 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
 # --- the rule for the files read -------------------------------------------------------------
 
 
-def _outside_or_special(root: Path, relative: str, allow_dir: bool = False) -> str | None:
-    """Why ``root/relative`` is not a regular file inside ``root`` once links are followed
-    (None if it is, or is missing)."""
-    base = os.path.realpath(root)
-    target = os.path.realpath(root / relative)
-    if os.path.commonpath([base, target]) != base:
-        return f"resolves to {target}, outside {root}"
-    try:
-        mode = os.stat(target).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        return f"cannot be examined ({exc.strerror})"
-    if stat.S_ISREG(mode) or (allow_dir and stat.S_ISDIR(mode)):
-        return None
-    return f"is {file_kind(mode)}, not a regular file"
-
-
 def _held_to_rule(root: Path, relative: str) -> Path:
     """``root/relative`` once it is a regular file inside ``root`` (refused unread, in one
     line naming it, when it is a link out, a device, a FIFO or a folder)."""
-    problem = name_problem(relative) or _outside_or_special(root, relative)
+    problem = name_problem(relative) or local_entry_problem(root, relative)
     path = root / relative
     if problem is not None:
         raise IntegrityError(
@@ -409,7 +394,7 @@ def _check_listed(folder: Path, entry: object, listed: str) -> None:
     index's own folder (the manifest rule), else refused before anything is opened."""
     problem = name_problem(entry)
     if problem is None:
-        problem = _outside_or_special(folder, str(entry))
+        problem = local_entry_problem(folder, str(entry))
     if problem is not None:
         raise IntegrityError(
             f"{listed} {shown(entry)}, which {problem}; refused unread: an index names only "

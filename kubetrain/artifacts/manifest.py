@@ -77,20 +77,23 @@ def name_problem(entry: object) -> str | None:
     return None
 
 
-def _local_problem(folder: Path, entry: str) -> str | None:
-    """Why ``folder/entry`` is not a regular file inside ``folder`` once links are followed.
-    A missing file is no problem here: the reader reports it in its own words."""
+def local_entry_problem(folder: Path, entry: str, allow_dir: bool = False) -> str | None:
+    """Why ``folder/entry`` is not a regular file (or, with ``allow_dir``, a folder) inside
+    ``folder`` once links are followed. A missing file is no problem here: the reader reports
+    it in its own words."""
     root = Path(os.path.realpath(folder))
     target = Path(os.path.realpath(folder / entry))
     if not target.is_relative_to(root):
-        return f"resolves to {target}, outside the folder"
+        return f"resolves to {target}, outside {folder}"
     try:
         mode = os.stat(target).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         return f"cannot be examined ({exc.strerror})"
-    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
+    if stat.S_ISREG(mode) or (allow_dir and stat.S_ISDIR(mode)):
+        return None
+    return f"is {file_kind(mode)}, not a regular file"
 
 
 def check_entry(folder: storage.Location, entry: object, what: str, source: str) -> str:
@@ -101,7 +104,7 @@ def check_entry(folder: storage.Location, entry: object, what: str, source: str)
     """
     problem = name_problem(entry)
     if problem is None and storage.is_local(folder):
-        problem = _local_problem(storage.local_path(folder), str(entry))
+        problem = local_entry_problem(storage.local_path(folder), str(entry))
     if problem is not None:
         raise IntegrityError(
             f"{what}: {source} {shown(entry)}, which {problem}; {_RULE}: {REWRITE}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import sys
 import uuid
@@ -48,21 +47,10 @@ SHAPE = [1, 8, 8]
 #: Seconds a reader may take before it is taken to hang on a FIFO or /dev/zero.
 HANG_SECONDS = 90
 DUMMY_SHA256 = "0" * 64
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def no_hang() -> Iterator[None]:
-    def hung(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"hung for {HANG_SECONDS} s: a FIFO or device was opened")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(HANG_SECONDS)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning"),
+    pytest.mark.usefixtures("no_hang"),
+]
 
 
 def write_checkpoint(ckpt_dir: Path, strategy: str, spec: str = "mlp") -> Path:

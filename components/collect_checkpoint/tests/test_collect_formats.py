@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,10 @@ from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.storage.integrity import sha256_file
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*single process.*:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*single process.*:UserWarning"),
+    pytest.mark.usefixtures("no_hang"),
+]
 #: Seconds a refusal may take before it is taken to hang on a FIFO or /dev/zero.
 HANG_SECONDS = 60
 
@@ -103,20 +105,6 @@ def refused_in_one_line(code: int, err: str, *named: object) -> str:
 def nothing_published(out: Path) -> None:
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging left"
-
-
-@pytest.fixture(autouse=True)
-def no_hang() -> Iterator[None]:
-    def hung(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"hung for {HANG_SECONDS} s: a FIFO or device was opened")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(HANG_SECONDS)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --- writing each format with torch ------------------------------------------------------------

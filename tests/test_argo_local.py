@@ -366,10 +366,11 @@ def test_unsupported_features_fail_loudly(tmp_path: Path, change: Any, field: st
 def run_training_workflow(root: Path, **arguments: str) -> WorkflowRun:
     document = yaml.safe_load(COMPILED_WORKFLOW.read_text())
     env = {"KUBETRAIN_LOCAL_ROOT": str(root / "local"), "PATH": program_path()}
-    if arguments.get("command", "[]") != "[]":
+    form = arguments.pop("your_program", "")
+    if form:
         # Your own program, written like the seeds' DDP examples; its model factory is
         # importable by the steps (on a cluster: installed in the components image).
-        project = write_user_folder(root / "project", SAVES["per-epoch"])
+        project = write_user_folder(root / "project", SAVES[form])
         script = str(project / "train.py")
         arguments = {**arguments, "script": script, "command": json.dumps(["torchrun", script])}
         env["PYTHONPATH"] = str(project)
@@ -388,7 +389,14 @@ E2E_RUNS: dict[str, dict[str, str]] = {
     "below-threshold": {"epochs": "1", "accuracy_threshold": "0.999"},
     "prep-fails": {"dataset_source": "sklearn:nope"},
     "wait-times-out": {"wait_timeout_seconds": "1"},
-    "own-program": {"command": "yours", "model": "netdef:build", "accuracy_threshold": "0.9"},
+    **{
+        f"own-program-{form}": {
+            "your_program": form,
+            "model": "netdef:build",
+            "accuracy_threshold": "0.9",
+        }
+        for form in SAVES
+    },
 }
 
 
@@ -439,13 +447,17 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     assert run.exit_nodes["delete-trainjob"].phase == "Skipped"
 
 
-def test_training_workflow_trains_your_own_program(e2e_runs: dict[str, Future]) -> None:
+@pytest.mark.parametrize("form", sorted(SAVES))
+def test_training_workflow_trains_your_own_program(form, e2e_runs: dict[str, Future]) -> None:
     """The compiled workflow with `command` (a JSON list) and `script`: the program runs in its
-    checkpoint folder, saves one model_epoch_N.pt per epoch, and collect takes the newest."""
-    run = e2e_runs["own-program"].result()
+    checkpoint folder and saves the way the seeds' scripts do (a state dict, one file per
+    epoch, a dict with the model's state); collect takes the newest and evaluate passes it."""
+    run = e2e_runs[f"own-program-{form}"].result()
     assert run.phase == "Succeeded", describe(run)
     assert float(run.nodes["evaluate"].outputs["accuracy"]) >= 0.9
-    assert run.nodes["collect"].outputs["epoch"] == "8"
+    # The epoch is known from the file name (model_epoch_8.pt) or the dict's "epoch".
+    epoch = {"per-epoch": "8", "dict": "8", "state-dict": ""}[form]
+    assert run.nodes["collect"].outputs["epoch"] == epoch
     assert run.nodes["promote"].phase == "Succeeded"
 
 

@@ -21,7 +21,7 @@ from tests.support.argo_local import (
     WorkflowRun,
     run_workflow,
 )
-from tests.test_own_program import SAVES, write_user_folder
+from tests.support.seed_script import SAVES, write_user_folder
 
 COMPILED_WORKFLOW = Path(__file__).parents[1] / "pipelines" / "compiled" / "training_workflow.yaml"
 

@@ -9,81 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-NETDEF = '''
-from torch import nn
-
-
-def build(sample_shape, num_classes):
-    """The factory `--model netdef:build` names: (sample_shape, num_classes) -> nn.Module."""
-    features = 1
-    for size in sample_shape:
-        features *= size
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, num_classes)
-    )
-'''
-
-#: {save} is replaced by how the script saves its model (the seeds' three forms).
-TRAIN = """
-import os
-
-import torch
-import torch.distributed as dist
-from safetensors.torch import load_file
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from netdef import build
-
-
-def main():
-    dist.init_process_group(backend="gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    tensors = load_file(os.path.join(os.environ["KUBETRAIN_DATA_DIR"], "train.safetensors"))
-    dataset = TensorDataset(tensors["x"], tensors["y"])
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
-    model = DDP(build(list(tensors["x"].shape[1:]), 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for epoch in range(1, 9):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
-        if rank == 0:
-            print(f"epoch {{epoch}} loss {{loss.item():.4f}}", flush=True)
-            {save}
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
-"""
-
-SAVES = {
-    "state-dict": 'torch.save(model.module.state_dict(), "model.pt")',
-    "per-epoch": 'torch.save(model.module.state_dict(), f"model_epoch_{epoch}.pt")',
-    "dict": (
-        'torch.save({"epoch": epoch, "model_state_dict": model.module.state_dict(), '
-        '"optimizer_state_dict": optimizer.state_dict()}, "checkpoint.pt")'
-    ),
-}
-
-
-def write_user_folder(folder: Path, save: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "netdef.py").write_text(textwrap.dedent(NETDEF))
-    (folder / "train.py").write_text(textwrap.dedent(TRAIN).format(save=save))
-    return folder
+from tests.support.seed_script import SAVES, write_user_folder
 
 
 @pytest.mark.parametrize("form", sorted(SAVES))

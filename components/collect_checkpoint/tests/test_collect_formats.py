@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -37,6 +36,7 @@ from kubetrain.artifacts.model_card import read_model_card
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.storage.integrity import sha256_file
+from tests.support.seed_script import SAVES, write_user_folder
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*single process.*:UserWarning"),
@@ -680,64 +680,13 @@ def test_an_export_of_a_scripts_checkpoint_is_refused_before_reading(tmp_path, c
 # --- a script written like the seeds', under torchrun ------------------------------------------
 
 NETDEF = f"collect_formats_netdef_{uuid.uuid4().hex[:8]}"
-NETDEF_SOURCE = """
-from torch import nn
+#: The seeds' DDP example: per-epoch files, then a DCP checkpoint of both ranks and model.pt.
+AFTER_TRAINING = """import torch.distributed.checkpoint as dcp
 
-
-def build(sample_shape, num_classes):
-    features = 1
-    for dim in sample_shape:
-        features *= dim
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, num_classes)
-    )
-"""
-#: The seed documents' DDP example, on gloo, trained on the prepared digits.
-TRAIN_SOURCE = """
-import os
-
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from {netdef} import build
-
-EPOCHS = 8
-
-
-def train():
-    dist.init_process_group(backend="gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    data = load_file(os.path.join(os.environ["KUBETRAIN_DATA_DIR"], "train.safetensors"))
-    dataset = TensorDataset(data["x"], data["y"])
-    model = DDP(build(list(data["x"].shape[1:]), 10))
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    criterion = torch.nn.CrossEntropyLoss()
-    for epoch in range(EPOCHS):
-        sampler.set_epoch(epoch)
-        for inputs, labels in loader:
-            optimizer.zero_grad()
-            loss = criterion(model(inputs), labels)
-            loss.backward()
-            optimizer.step()
-        if rank == 0:
-            torch.save(model.module.state_dict(), f"model_epoch_{{epoch}}.pt")
-    dcp.save({{"model": model.state_dict()}}, checkpoint_id="dcp-final")
+    dcp.save({"model": model.state_dict()}, checkpoint_id="dcp-final")
     dist.barrier()
     if rank == 0:
-        torch.save(model.module.state_dict(), "model.pt")
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    train()
-"""
+        torch.save(model.module.state_dict(), "model.pt")"""
 
 
 def free_port() -> int:
@@ -752,10 +701,8 @@ def script_run(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> di
     node runs a user's script there."""
     root = tmp_path_factory.mktemp("script")
     code, workdir = root / "code", root / "workdir"
-    code.mkdir()
     workdir.mkdir()
-    (code / f"{NETDEF}.py").write_text(NETDEF_SOURCE)
-    (code / "train.py").write_text(textwrap.dedent(TRAIN_SOURCE.format(netdef=NETDEF)))
+    write_user_folder(code, SAVES["per-epoch"], after=AFTER_TRAINING, netdef=NETDEF)
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")},
         "KUBETRAIN_DATA_DIR": str(digits_dir),
@@ -806,7 +753,7 @@ def test_the_scripts_epochs_and_its_two_process_dcp_checkpoint(script_run, tmp_p
     for path in workdir.glob("model_epoch_*.pt"):
         shutil.copy2(path, per_epoch / path.name)
     card = collect_checkpoint(str(per_epoch), str(tmp_path / "m1")).card
-    assert (card["source_file"], card["epoch"]) == ("model_epoch_7.pt", 7)
+    assert (card["source_file"], card["epoch"]) == ("model_epoch_8.pt", 8)
     assert_published(tmp_path / "m1", final)
     # written by both ranks, of the DDP-wrapped model: module. prefixes stripped
     card = collect_checkpoint(str(workdir), str(tmp_path / "m2"), checkpoint_file="dcp-final").card

@@ -57,12 +57,7 @@ class TrainingOptions:
         rules.one_of(self.strategy, "strategy", STRATEGIES, "use ddp or fsdp")
         # Checked here, not first in every node of a job that was already created.
         rules.model_spec(self.model, "model")
-        for field_name, location in (
-            ("data", self.data_dir),
-            ("checkpoint_dir", self.checkpoint_dir),
-        ):
-            if location:
-                storage.check_protocol(location, field_name)
+        self.validate_locations()
         for field_name, value in (
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),

@@ -4,8 +4,10 @@ once for every verb that names a job (launch, wait, logs, delete, render)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from kubetrain.backends.base import BackendOptions
+if TYPE_CHECKING:  # not imported for `kubetrain --help`
+    from kubetrain.backends.base import BackendOptions
 
 BACKEND_HELP = (
     "where the job runs: local (processes on this machine, default), trainer (a Kubeflow "
@@ -31,6 +33,8 @@ def add_backend_arguments(parser: argparse.ArgumentParser, *, creates: bool = Fa
 def backend_options(args: argparse.Namespace) -> BackendOptions:
     """The options the arguments name; a verb without ``--trainer-version`` / ``--on-cancel``
     gets the defaults."""
+    from kubetrain.backends.base import BackendOptions
+
     return BackendOptions(
         namespace=args.namespace,
         trainer_version=getattr(args, "trainer_version", "auto"),

@@ -11,8 +11,6 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from kubetrain.storage.atomic import write_text
-
 OPTION = "--output-parameters"
 
 
@@ -38,5 +36,9 @@ def write_output_parameters(directory: str, values: Mapping[str, object]) -> Non
     """Write ``values`` under ``directory`` (nothing when it is empty), each file atomically."""
     if not directory:
         return
+    # Here, not at the top: every step CLI imports this module for `kubetrain --help`, and the
+    # storage package brings fsspec.
+    from kubetrain.storage.atomic import write_text
+
     for name, value in values.items():
         write_text(Path(directory) / name, format_value(value))

@@ -7,8 +7,6 @@ import argparse
 import importlib
 from pathlib import Path
 
-from kubetrain.storage.atomic import write_text
-
 # step folder -> the component function in its component.py
 COMPONENTS = {
     "dataset_prep": "dataset_prep",
@@ -40,6 +38,8 @@ def compile_all(
     # whether or not something imported Hera first.
     import hera.workflows  # noqa: F401
     from kfp import compiler
+
+    from kubetrain.storage.atomic import write_text  # the storage package: not for --help
 
     components_dir = components_dir or package_dir("kubetrain.components")
     pipelines_dir = pipelines_dir or package_dir("kubetrain.pipelines")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.storage import atomic
 from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
 
@@ -262,6 +261,8 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
 def publish_report(artifact_path: str) -> Path:
     """The evaluate step's HTML report as ``report.html`` in the run's folder: KFP's local
     runner names the artifact file after the output, without an extension browsers need."""
+    from kubetrain.storage import atomic  # the storage package: not for --help
+
     source = Path(artifact_path)
     target = source.parent.parent / "report.html"
     atomic.write_bytes(target, source.read_bytes())

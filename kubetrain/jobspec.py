@@ -154,11 +154,16 @@ class Volume:
         return posixpath.normpath(self.mount_path)
 
 
+#: The runtime every face defaults to: ours for CPU (`kubetrain render runtimes` installs it),
+#: not the Trainer's `torch-distributed`, which the README's install does not create.
+DEFAULT_RUNTIME = "torch-ddp-cpu"
+
+
 @dataclass(frozen=True)
 class RuntimeRef:
     """The Kubeflow Trainer runtime a TrainJob refers to."""
 
-    name: str = "torch-distributed"
+    name: str = DEFAULT_RUNTIME
     kind: str = "ClusterTrainingRuntime"
 
     def validate(self) -> None:

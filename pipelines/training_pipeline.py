@@ -9,6 +9,7 @@ from kubetrain.components.dataset_prep.component import dataset_prep
 from kubetrain.components.evaluate_model.component import evaluate_model
 from kubetrain.components.launch_trainjob.component import launch_trainjob
 from kubetrain.components.wait_trainjob.component import wait_trainjob
+from kubetrain.jobspec import DEFAULT_RUNTIME
 from kubetrain.render.pod import NON_ROOT_UID, STORAGE_ENV_KEYS
 
 PIPELINE_NAME = "kubetrain-training"
@@ -39,7 +40,7 @@ def training_pipeline(
     lr: float = 0.001,
     batch_size: int = 32,
     image: str = "",
-    runtime: str = "torch-distributed",
+    runtime: str = DEFAULT_RUNTIME,
     checkpoint_dir: str = "",
     accuracy_threshold: float = 0.95,
     wait_timeout_seconds: float = 0,

@@ -38,6 +38,7 @@ from kubetrain.components.wait_trainjob.template import (
     wait_trainjob_template,
 )
 from kubetrain.images import COMPONENT_IMAGE
+from kubetrain.jobspec import DEFAULT_RUNTIME
 from kubetrain.render.pod import NON_ROOT_UID
 
 WORKFLOW_NAME = "kubetrain-training"
@@ -80,7 +81,7 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "lr": ("0.001", "learning rate"),
     "batch_size": ("32", "batch size per process"),
     "image": ("", "trainer image of the nodes; empty = the components image's default"),
-    "runtime": ("torch-distributed", "ClusterTrainingRuntime the TrainJob refers to"),
+    "runtime": (DEFAULT_RUNTIME, "ClusterTrainingRuntime the TrainJob refers to"),
     "cpu": ("", "CPU per node; empty = the runtime's"),
     "memory": ("", "memory per node; empty = the runtime's"),
     "gpu": ("0", "GPUs per node"),

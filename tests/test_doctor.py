@@ -49,17 +49,17 @@ def doctor(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_ready_cluster_passes_every_check(cluster):
     emulator, kubeconfig, _denied = cluster
-    emulator.install_trainer(version="2.3", runtime="torch-distributed")
+    emulator.install_trainer(version="2.3")
     result = doctor(kubeconfig)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "TrainJobs rendered for v2.3 (runtimePatches)" in result.stdout
-    assert "ClusterTrainingRuntime torch-distributed exists" in result.stdout
+    assert "ClusterTrainingRuntime torch-ddp-cpu exists" in result.stdout
     assert result.stdout.strip().endswith("ready")
 
 
 def test_missing_permissions_are_named_with_the_fix(cluster):
     emulator, kubeconfig, denied = cluster
-    emulator.install_trainer(version="2.1", runtime="torch-distributed")
+    emulator.install_trainer(version="2.1")
     denied.update({("watch", "trainjobs"), ("get", "pods/log")})
     result = doctor(kubeconfig)
     assert result.returncode == 1
@@ -75,11 +75,11 @@ def test_no_trainer_and_unknown_runtime_are_reported(cluster):
     result = doctor(kubeconfig)
     assert result.returncode == 1
     assert "Kubeflow Trainer is not installed" in result.stdout
-    emulator.install_trainer(version="2.3", runtime="torch-distributed")
+    emulator.install_trainer(version="2.3")
     result = doctor(kubeconfig, "--runtime", "torch-fsdp-gpu")
     assert result.returncode == 1
     assert "no ClusterTrainingRuntime named 'torch-fsdp-gpu'" in result.stdout
-    assert "torch-distributed" in result.stdout
+    assert "torch-ddp-cpu" in result.stdout
 
 
 def test_an_unreachable_api_is_reported(tmp_path):

@@ -391,7 +391,7 @@ def test_unknown_runtime_lists_the_existing_ones(k8s):
         k8s.backend().launch(make_spec(runtime=RuntimeRef(name="torch-nope")))
     message = str(unknown.value)
     assert "no ClusterTrainingRuntime named 'torch-nope'" in message
-    assert "ClusterTrainingRuntime torch-distributed" in message
+    assert "ClusterTrainingRuntime torch-ddp-cpu" in message
     assert "TrainingRuntime team-torch" in message
 
 

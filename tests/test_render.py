@@ -25,6 +25,7 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alph
 from kubetrain.cli import main
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import (
+    DEFAULT_RUNTIME,
     MAX_SCRIPT_BYTES,
     Initializer,
     Resources,
@@ -147,7 +148,7 @@ def test_default_trainjob_is_minimal():
     assert trainjob["spec"]["runtimeRef"] == {
         "apiGroup": "trainer.kubeflow.org",
         "kind": "ClusterTrainingRuntime",
-        "name": "torch-distributed",
+        "name": DEFAULT_RUNTIME,
     }
     trainer = trainjob["spec"]["trainer"]
     assert trainer["command"] == ["torchrun", "-m", "kubetrain.train"]

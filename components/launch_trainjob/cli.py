@@ -14,6 +14,7 @@ from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
+from kubetrain.jobspec import DEFAULT_RUNTIME
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +48,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--runtime",
-        default="torch-distributed",
-        help="Kubeflow Trainer runtime the TrainJob refers to; default torch-distributed",
+        default=DEFAULT_RUNTIME,
+        help=f"Kubeflow Trainer runtime the TrainJob refers to; default {DEFAULT_RUNTIME}",
     )
     job.add_argument(
         "--runtime-kind",

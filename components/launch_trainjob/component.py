@@ -22,7 +22,7 @@ def launch_trainjob(
     lr: float = 0.001,
     checkpoint_dir: str = "",
     image: str = "",
-    runtime: str = "torch-distributed",
+    runtime: str = "torch-ddp-cpu",
     namespace: str = "default",
     shared_pvc: str = "",
     shared_mount: str = "/mnt/shared",

@@ -21,7 +21,15 @@ from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import Backend
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
-from kubetrain.jobspec import Initializer, Resources, RuntimeRef, Toleration, TrainJobSpec, Volume
+from kubetrain.jobspec import (
+    DEFAULT_RUNTIME,
+    Initializer,
+    Resources,
+    RuntimeRef,
+    Toleration,
+    TrainJobSpec,
+    Volume,
+)
 from kubetrain.names import derive_job_name, label_value, random_job_name
 from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
@@ -116,7 +124,7 @@ class LaunchRequest:
     nodes: int = 2
     procs_per_node: int = 1
     image: str = ""
-    runtime: str = "torch-distributed"
+    runtime: str = DEFAULT_RUNTIME
     runtime_kind: str = "ClusterTrainingRuntime"
     resources: Resources = field(default_factory=Resources)
     env: Mapping[str, str] = field(default_factory=dict)

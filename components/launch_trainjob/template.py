@@ -14,6 +14,7 @@ from kubetrain.components._shared.argo_steps import (
     step_template,
 )
 from kubetrain.images import COMPONENT_IMAGE
+from kubetrain.jobspec import DEFAULT_RUNTIME
 
 #: The label `argo logs` selects a workflow's pods by; on the TrainJob's pods it makes
 #: `argo logs WORKFLOW -c node` show the training logs.
@@ -47,7 +48,7 @@ def launch_trainjob_template(
         input_parameter("lr", "learning rate", "0.001"),
         input_parameter("image", "trainer image; empty = the default trainer image", ""),
         input_parameter("runtime", "ClusterTrainingRuntime the TrainJob refers to",
-                        "torch-distributed"),
+                        DEFAULT_RUNTIME),
         input_parameter("cpu", "CPU per node (Kubernetes quantity); empty = the runtime's", ""),
         input_parameter("memory", "memory per node; empty = the runtime's", ""),
         input_parameter("gpu", "GPUs per node", "0"),

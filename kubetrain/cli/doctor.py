@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.jobspec import DEFAULT_RUNTIME
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--namespace", default="default", help="namespace the steps will use")
     parser.add_argument(
-        "--runtime", default="torch-distributed", help="runtime the TrainJobs will refer to"
+        "--runtime", default=DEFAULT_RUNTIME, help="runtime the TrainJobs will refer to"
     )
     parser.add_argument(
         "--runtime-kind",

@@ -10,6 +10,7 @@ from typing import NamedTuple, TypeVar
 
 from kubetrain import rules
 from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import DEFAULT_RUNTIME
 from kubetrain.training_choices import STRATEGIES
 
 T = TypeVar("T")
@@ -115,7 +116,7 @@ VALUE_RULES: dict[str, Rule] = {
     "strategy": _one_of(*STRATEGIES),
     "backend": _one_of("local", "trainer", "job"),
     "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
-    "runtime": _text(rules.dns1123_subdomain, "torch-distributed"),
+    "runtime": _text(rules.dns1123_subdomain, DEFAULT_RUNTIME),
     "namespace": _text(rules.namespace, "default"),
     "cpu": _text(rules.quantity, "2", optional=True),
     "memory": _text(rules.quantity, "4Gi", optional=True),

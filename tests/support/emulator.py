@@ -35,6 +35,7 @@ import kmock
 import kubernetes.client
 import yaml
 
+from kubetrain.jobspec import DEFAULT_RUNTIME
 from tests.support import objects
 from tests.support.faults import Fault, RequestRecord
 from tests.support.kube_api import ClusterAPI
@@ -294,7 +295,7 @@ class KubeEmulator:
     def install_crd(self, crd: dict[str, Any]) -> dict[str, Any]:
         return self.create("customresourcedefinitions", crd)
 
-    def install_trainer(self, version: str = "2.3", runtime: str = "torch-distributed") -> None:
+    def install_trainer(self, version: str = "2.3", runtime: str = DEFAULT_RUNTIME) -> None:
         """The Trainer's CRDs (TrainJob of ``version``, both runtime kinds) and one runtime."""
         self.install_crd(objects.trainjob_crd(version))
         for runtime_crd in objects.runtime_crds():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from kubetrain.jobspec import DEFAULT_RUNTIME
 from tests.support.kube_api import now_iso
 
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -103,7 +104,7 @@ def workflow_crd() -> dict[str, Any]:
     return crd("argoproj.io", "Workflow", "workflows", spec_properties={})
 
 
-def torch_runtime(name: str = "torch-distributed", namespace: str | None = None) -> dict[str, Any]:
+def torch_runtime(name: str = DEFAULT_RUNTIME, namespace: str | None = None) -> dict[str, Any]:
     """A runtime shaped like the Trainer's ``torch-distributed``: one ``node`` ReplicatedJob."""
     metadata: dict[str, Any] = {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}}
     if namespace:

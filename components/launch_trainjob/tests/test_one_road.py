@@ -15,6 +15,7 @@ import yaml
 
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.launch_trainjob.component import launch_trainjob
+from kubetrain.jobspec import DEFAULT_RUNTIME
 
 RUN_NAME = "kubetrain-training-2026-11-25-01-30-00-123456"
 #: What the KFP pipeline passes to the launch component (pipelines/training_pipeline.py), with
@@ -31,7 +32,7 @@ PIPELINE_ARGUMENTS: dict[str, Any] = {
     "lr": 0.002,
     "checkpoint_dir": "",
     "image": "",
-    "runtime": "torch-distributed",
+    "runtime": DEFAULT_RUNTIME,
     "namespace": "default",
     "shared_pvc": "kubetrain-shared",
     "service_account": "trainer-sa",

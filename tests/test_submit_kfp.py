@@ -75,6 +75,31 @@ def test_submit_creates_a_run_with_typed_parameters(kfp_api):
     assert "pvcMount" in json.dumps(run["pipeline_spec"]["platform_spec"])
     assert run["runtime_config"]["parameters"] == {"nodes": 4, "strategy": "fsdp", "lr": 0.01}
     assert run["experiment_id"] == "exp-1"
+    # the steps run as the account our RBAC binds, not KFP's pipeline-runner, which has no
+    # rights on TrainJobs (kubeflow/pipelines 2.17.0 backend/src/apiserver/common/const.go)
+    assert run["service_account"] == "kubetrain"
+
+
+def test_service_account_is_the_runs(kfp_api):
+    """--service-account reaches the run (kfp 2.17 create_run_from_pipeline_package's
+    service_account); '' sends none, so the server uses its default: pipeline-runner, or
+    default-editor in a multi-user profile (kubeflow/pipelines 2.17.0
+    backend/src/apiserver/template/template.go setDefaultServiceAccount)."""
+    host, received = kfp_api
+    assert submit("--host", host, "--service-account", "trainer-bot").returncode == 0
+    assert submit("--host", host, "--service-account", "").returncode == 0
+    named, default = [r[2] for r in received if r[0] == "POST" and "/runs" in r[1]]
+    assert named["service_account"] == "trainer-bot"
+    assert "service_account" not in default
+
+
+@pytest.mark.bad_input
+def test_bad_service_account_is_refused_before_contacting_the_server(kfp_api):
+    host, received = kfp_api
+    result = submit("--host", host, "--service-account", "Trainer_Bot")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--service-account" in result.stderr
+    assert received == []
 
 
 def test_your_program_is_a_list_parameter(kfp_api):

@@ -15,6 +15,13 @@ from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
 from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.user_files import read_user_file
 
+#: The ServiceAccount our RBAC creates and binds; KFP's own default (pipeline-runner, kubeflow/
+#: pipelines 2.17.0 backend/src/apiserver/common/const.go DefaultPipelineRunnerServiceAccount,
+#: or DEFAULTPIPELINERUNNERSERVICEACCOUNT=default-editor in multi-user installs,
+#: manifests/kustomize/base/installs/multi-user/api-service/params.env) has no rights in
+#: trainer.kubeflow.org.
+DEFAULT_RUN_SERVICE_ACCOUNT = "kubetrain"
+
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
 def _json_of(kind: type) -> Callable[[str], object]:
@@ -69,6 +76,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kfp.add_argument("--experiment", default="kubetrain", help="experiment name; default kubetrain")
     kfp.add_argument("--run-name", default=None, help="run name; default pipeline name + time")
     kfp.add_argument(
+        "--service-account",
+        default=DEFAULT_RUN_SERVICE_ACCOUNT,
+        metavar="NAME",
+        help="ServiceAccount the run's steps run as, which needs the RBAC that creates and "
+        f"watches TrainJobs; default {DEFAULT_RUN_SERVICE_ACCOUNT} (the account kubetrain's "
+        "RBAC manifest creates and binds); '' = the KFP server's default (pipeline-runner, "
+        "default-editor in a multi-user profile), which cannot create TrainJobs unless you "
+        "bind it",
+    )
+    kfp.add_argument(
         "--param",
         action="append",
         default=[],
@@ -122,6 +139,8 @@ def run_kfp(args: argparse.Namespace) -> int:
     # Everything is checked before the KFP client is made: it contacts the server at once.
     if args.namespace is not None:
         rules.namespace(args.namespace, "--namespace")
+    if args.service_account:
+        rules.dns1123_subdomain(args.service_account, "--service-account")
     arguments = parse_arguments(args.param, pipeline_parameters(package))
     try:
         client = Client(host=args.host, namespace=args.namespace)
@@ -131,6 +150,9 @@ def run_kfp(args: argparse.Namespace) -> int:
             run_name=args.run_name,
             experiment_name=args.experiment,
             namespace=args.namespace,
+            # empty: none sent, so the server picks its default (backend/src/apiserver/
+            # template/template.go setDefaultServiceAccount)
+            service_account=args.service_account or None,
         )
     except Exception as exc:  # the KFP client raises many kinds; report them as one line
         raise KubetrainError(f"could not create the run on {args.host}: {exc}") from exc

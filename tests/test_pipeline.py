@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -13,7 +15,8 @@ from google.protobuf import json_format
 from kfp.components import load_component_from_file
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from kubetrain.cli.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES, compile_all
+from kubetrain.cli import build_parser, main
+from kubetrain.cli.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES
 from kubetrain.render.pod import STORAGE_ENV_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,9 +24,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def fresh_compile(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("compiled")
-    compile_all(out / "components", out / "pipelines")
+    """`kubetrain compile` with no --output-dir, run in an empty folder: what it writes."""
+    workdir = tmp_path_factory.mktemp("cwd")
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.chdir(workdir)
+        assert main(["compile"]) == 0
+    out = workdir / "compiled"
+    written = [Path(line.removeprefix("wrote ")) for line in printed.getvalue().splitlines()[:-1]]
+    assert written and all(path.is_relative_to(out) and path.is_file() for path in written)
+    assert printed.getvalue().splitlines()[-1] == f"compiled {len(written)} files under {out}"
     return out
+
+
+def test_compile_writes_under_the_current_folder_not_the_package(fresh_compile):
+    """Issue 17 (19): installed from a wheel, the package folder is site-packages; `kubetrain
+    compile` with no --output-dir writes ./compiled (the fixture above) and says so."""
+    components = sorted(p.parent.name for p in fresh_compile.glob("components/*/component.yaml"))
+    assert components == sorted(COMPONENTS)
+    pipelines = sorted(p.stem for p in fresh_compile.glob("pipelines/compiled/*.yaml"))
+    assert pipelines == sorted([*PIPELINES, *ARGO_WORKFLOWS])
+    assert build_parser().parse_args(["compile"]).output_dir == Path("compiled")
 
 
 def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):

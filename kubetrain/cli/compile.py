@@ -1,5 +1,6 @@
 """`kubetrain compile`: every step's KFP component, the KFP pipeline and the Argo workflows as
-YAML next to their sources."""
+YAML, under ``./compiled`` or ``--output-dir`` (``--output-dir .`` in a source checkout rewrites
+the committed YAML next to the sources)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,14 @@ def package_dir(package: str) -> Path:
     return Path(importlib.import_module(package).__file__).parent
 
 
-def compile_all(
-    components_dir: Path | None = None, pipelines_dir: Path | None = None
-) -> list[Path]:
+#: Where `kubetrain compile` writes without --output-dir: a folder of the current directory,
+#: never the installed package (site-packages when installed from a wheel).
+DEFAULT_OUTPUT_DIR = Path("compiled")
+
+
+def compile_all(components_dir: Path, pipelines_dir: Path) -> list[Path]:
     """Write ``<components_dir>/<step>/component.yaml`` and
-    ``<pipelines_dir>/compiled/<pipeline>.yaml``; defaults are the installed source folders."""
+    ``<pipelines_dir>/compiled/<pipeline>.yaml``."""
     # Importing Hera makes PyYAML dump multi-line strings as blocks, process-wide
     # (hera/_yaml.py); importing it before KFP compiles keeps the KFP YAML byte-identical
     # whether or not something imported Hera first.
@@ -41,8 +45,6 @@ def compile_all(
 
     from kubetrain.storage.atomic import write_text  # the storage package: not for --help
 
-    components_dir = components_dir or package_dir("kubetrain.components")
-    pipelines_dir = pipelines_dir or package_dir("kubetrain.pipelines")
     written = []
     for step, function in COMPONENTS.items():
         component = getattr(
@@ -80,27 +82,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compile",
         help="write each component's YAML, the KFP pipeline's IR and the Argo workflows' YAML",
         description=(
-            "Compile each step's KFP component to components/<step>/component.yaml (loadable with "
-            "kfp.components.load_component_from_file) and the pipeline to "
-            "pipelines/compiled/training_pipeline.yaml (for `kfp run create`), and the Argo "
-            "Workflow and WorkflowTemplate to pipelines/compiled/training_workflow.yaml (for "
-            "`argo submit`) and training_workflow_template.yaml (for `argo template create`)."
+            "Compile each step's KFP component to DIR/components/<step>/component.yaml "
+            "(loadable with kfp.components.load_component_from_file) and the pipeline to "
+            "DIR/pipelines/compiled/training_pipeline.yaml (for `kfp run create` or `kubetrain "
+            "submit kfp --package`), and the Argo Workflow and WorkflowTemplate to "
+            "DIR/pipelines/compiled/training_workflow.yaml (for `argo submit`) and "
+            "training_workflow_template.yaml (for `argo template create`)."
         ),
     )
     parser.add_argument(
         "--output-dir",
         type=Path,
-        default=None,
-        help="write under DIR/components and DIR/pipelines instead of next to the sources",
+        default=DEFAULT_OUTPUT_DIR,
+        metavar="DIR",
+        help=f"write under DIR/components and DIR/pipelines; default ./{DEFAULT_OUTPUT_DIR} "
+        "(`--output-dir .` in a source checkout rewrites the committed YAML)",
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.output_dir is not None:
-        written = compile_all(args.output_dir / "components", args.output_dir / "pipelines")
-    else:
-        written = compile_all()
+    output_dir = args.output_dir.absolute()
+    written = compile_all(output_dir / "components", output_dir / "pipelines")
     for path in written:
         print(f"wrote {path}")
+    print(f"compiled {len(written)} files under {output_dir}")
     return 0

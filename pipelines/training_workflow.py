@@ -1,6 +1,7 @@
 """The kubetrain training workflow for Argo Workflows, built with Hera from the steps' templates:
 prep → launch → wait → collect → evaluate → promote (only when the accuracy gate passed), with
-an exit handler that deletes the TrainJob when the run fails or is stopped.
+an exit handler that deletes the TrainJob when the run fails or is stopped, and with a claim per
+run whatever the outcome (see ``add_tasks``).
 
 The dataset and checkpoints live on one claim that the steps and the TrainJob's nodes mount:
 either a new ReadWriteMany claim per run (``ClaimTemplate``, the Workflow's default) or an
@@ -159,7 +160,7 @@ def build_training_workflow(
         ),
         **storage_fields,
     ) as workflow:
-        add_tasks(workflow, claim, volume, image)
+        add_tasks(workflow, claim, volume, image, per_run_claim=isinstance(storage, ClaimTemplate))
     for template in workflow.templates:
         if not isinstance(template, DAG):
             template.service_account_name = workflow_parameter("service_account")
@@ -177,8 +178,19 @@ def claim_template(name: str, storage: ClaimTemplate) -> PersistentVolumeClaim:
     )
 
 
-def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) -> None:
-    """The DAG of the run and the exit handler's, inside ``workflow``'s context."""
+def add_tasks(
+    workflow: Workflow, claim: str, volume: SharedVolume, image: str, per_run_claim: bool
+) -> None:
+    """The DAG of the run and the exit handler's, inside ``workflow``'s context.
+
+    The exit handler deletes the TrainJob (in the background) when the run did not succeed;
+    with a claim per run, whatever the outcome: Argo deletes that claim once the run has
+    succeeded and its exit handler has run (volumeClaimGC OnWorkflowSuccess; argo-workflows
+    v3.6.9/v4.1.2 workflow/controller/operator.go deletePVCs), and the finished TrainJob's
+    pods, which Argo's pod GC does not own, still mount it: the claim stays Terminating behind
+    them (ARGO_REMOVE_PVC_PROTECTION_FINALIZER=false) or is pulled from under them (the
+    default, which strips the kubernetes.io/pvc-protection finalizer). With an existing
+    claim a succeeded run's TrainJob is kept, for its status and logs."""
     run = "{{workflow.name}}"
     namespace = "{{workflow.namespace}}"
     shared = volume.mount_path
@@ -268,6 +280,6 @@ def add_tasks(workflow: Workflow, claim: str, volume: SharedVolume, image: str) 
     with DAG(name=EXIT_HANDLER):
         delete_trainjob_template(image=image)(
             name="delete-trainjob",
-            when="{{workflow.status}} != Succeeded",
+            when=None if per_run_claim else "{{workflow.status}} != Succeeded",
             arguments={"run_name": run, "backend": p("backend"), "namespace": namespace},
         )

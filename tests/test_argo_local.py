@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kubetrain.backends.local.supervisor import program_path
+from kubetrain.cli.compile import argo_yaml
 from tests.support.argo_local import (
     ArgoWorkflowError,
     UnsupportedArgoFeature,
@@ -23,7 +24,12 @@ from tests.support.argo_local import (
 )
 from tests.support.seed_script import SAVES, write_user_folder
 
-COMPILED_WORKFLOW = Path(__file__).parents[1] / "pipelines" / "compiled" / "training_workflow.yaml"
+
+def training_workflow() -> dict[str, Any]:
+    """The training Workflow as `kubetrain compile` writes it (tests/test_pipeline.py keeps the
+    committed pipelines/compiled/training_workflow.yaml equal to it)."""
+    return yaml.safe_load(argo_yaml("Workflow"))
+
 
 # Small programs the containers run with this interpreter; argv[1:] are the template's args.
 APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
@@ -364,7 +370,7 @@ def test_unsupported_features_fail_loudly(tmp_path: Path, change: Any, field: st
 
 
 def run_training_workflow(root: Path, **arguments: str) -> WorkflowRun:
-    document = yaml.safe_load(COMPILED_WORKFLOW.read_text())
+    document = training_workflow()
     env = {"KUBETRAIN_LOCAL_ROOT": str(root / "local"), "PATH": program_path()}
     form = arguments.pop("your_program", "")
     if form:
@@ -444,7 +450,10 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     assert {"report.html", "training_curves.png", "confusion_matrix.png"} <= {
         p.name for p in report.iterdir()
     }
-    assert run.exit_nodes["delete-trainjob"].phase == "Skipped"
+    # Issue 17 (4): the run's claim goes with a succeeded run, so its TrainJob goes too
+    assert run.exit_nodes["delete-trainjob"].phase == "Succeeded"
+    local_root = run.workdir.parent / "local"
+    assert not (local_root / run.nodes["launch"].outputs["job_name"]).exists()
 
 
 @pytest.mark.parametrize("form", sorted(SAVES))
@@ -468,7 +477,7 @@ def test_training_workflow_below_threshold_skips_promote(e2e_runs: dict[str, Fut
     assert run.nodes["evaluate"].outputs["passed"] == "false"
     assert run.nodes["promote"].phase == "Skipped"
     assert not (registry(run) / "PROMOTED").exists()
-    assert run.exit_nodes["delete-trainjob"].phase == "Skipped"
+    assert run.exit_nodes["delete-trainjob"].phase == "Succeeded"
 
 
 def test_training_workflow_failing_step_runs_the_exit_handler(
@@ -498,7 +507,7 @@ def test_training_workflow_exit_handler_deletes_the_running_job(
 # ------------------------------------------------------------- retryStrategy.expression
 def shipped_api_retry() -> dict[str, Any]:
     """The retryStrategy the launch step ships with, from the compiled YAML."""
-    document = yaml.safe_load(COMPILED_WORKFLOW.read_text())
+    document = training_workflow()
     (launch,) = [t for t in document["spec"]["templates"] if t["name"] == "launch-trainjob"]
     return launch["retryStrategy"]
 

@@ -112,11 +112,21 @@ def test_workflow_runs_the_steps_in_order_and_promotes_only_when_passed():
         assert artifact["from"] == "{{tasks.collect.outputs.artifacts.model}}"
 
 
-def test_exit_handler_deletes_the_trainjob_unless_the_run_succeeded():
-    document = compiled("training_workflow")
+@pytest.mark.parametrize(
+    ("kind", "when"),
+    [("Workflow", None), ("WorkflowTemplate", "{{workflow.status}} != Succeeded")],
+)
+def test_exit_handler_deletes_the_trainjob_unless_the_run_succeeded_on_an_existing_claim(
+    kind, when
+):
+    """Issue 17 (4): with a claim per run (the Workflow's), the TrainJob goes whatever the
+    outcome, before Argo deletes the claim its finished pods still mount (argo-workflows
+    v4.1.2 workflow/controller/operator.go: the onExit node completes, then deletePVCs);
+    with an existing claim (the WorkflowTemplate's) a succeeded run's TrainJob is kept."""
+    document = build_training_workflow(kind).to_dict()
     handler = dag_tasks(document, document["spec"]["onExit"])
     (delete,) = handler.values()
-    assert delete["when"] == "{{workflow.status}} != Succeeded"
+    assert delete.get("when") == when
     container = template_named(document, delete["template"])["container"]
     assert container["command"] == ["kubetrain", "delete"]
     assert "--ignore-not-found" in container["args"]

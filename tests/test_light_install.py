@@ -117,6 +117,8 @@ def test_help_of_every_command_needs_no_train_extra(light_env, tmp_path):
     for args in [
         *([name, "--help"] for name in names),
         ["render", "trainjob", "--help"],
+        ["render", "runtimes", "--help"],
+        ["render", "rbac", "--help"],
         ["submit", "kfp", "--help"],
         ["submit", "argo", "--help"],
     ]:
@@ -158,6 +160,20 @@ def test_render_trainjob_prints_a_trainjob(light_env, tmp_path):
     assert "TrainJob" in kinds, kinds
     (job,) = [d for d in documents if d["kind"] == "TrainJob"]
     assert job["metadata"]["labels"]["kubetrain.io/run-name"] == "r1"
+
+
+def test_render_prints_the_runtimes_and_rbac_to_apply(light_env, tmp_path):
+    """What the README's install pipes to `kubectl apply -f -`, from a base install."""
+    runtimes = kubetrain(["render", "runtimes"], light_env, tmp_path)
+    assert runtimes.returncode == 0, runtimes.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(runtimes.stdout) if d}
+    assert kinds == {"ClusterTrainingRuntime"}
+    rbac = kubetrain(["render", "rbac", "--namespace", "kubeflow"], light_env, tmp_path)
+    assert rbac.returncode == 0, rbac.stderr
+    documents = [d for d in yaml.safe_load_all(rbac.stdout) if d]
+    assert [d["kind"] for d in documents] == [
+        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"
+    ]  # fmt: skip
 
 
 def test_submit_argo_checks_parameters(light_env, tmp_path):

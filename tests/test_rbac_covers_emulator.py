@@ -1,15 +1,17 @@
-"""`runtimes/rbac.yaml` is least privilege, checked both ways against the requests the CLI
-really sends (issue 14, item 9).
+"""The packaged RBAC (`kubetrain render rbac`, kubetrain/render/manifests) is least
+privilege, checked both ways against the requests the CLI really sends (issue 14, item 9;
+issue 17, item 12).
 
 The trainer and job backends run through `kubetrain launch|wait|logs|delete` against the
 emulated API server, with the fake Trainer running the jobs, plus the paths a run takes less
-often (a runtime that does not exist, a node that cannot start, ``--on-cancel suspend``, a
-launch from a pipeline step's pod). Every HTTP request is turned into its RBAC verb and resource
-from its method and URL alone (as the API server's request-info resolver does, not from the
-emulator's own log), and each must be granted by a rule bound to the ``kubetrain``
-ServiceAccount; and every verb rbac.yaml grants must be one of those requests, or be listed
-here with the reason it is needed anyway. (`tests/test_permissions.py` keeps `kubetrain
-doctor`'s list equal to rbac.yaml; neither of them says what the steps really use.)
+often (a runtime that does not exist, a node that cannot start, ``--on-cancel suspend`` on both
+backends, a launch from a KFP step and from an Argo step with only the env those systems give
+it, which looks up the run that owns the job). Every HTTP request is turned into its RBAC verb
+and resource from its method and URL alone (as the API server's request-info resolver does,
+not from the emulator's own log), and each must be granted by a rule bound to the
+``kubetrain`` ServiceAccount; and every verb the RBAC grants must be one of those requests, or
+be listed here with the reason it is needed anyway. (`tests/test_permissions.py` keeps
+`kubetrain doctor`'s list equal to the RBAC; neither of them says what the steps really use.)
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from kubetrain.cli import main as kubetrain_main
+from kubetrain.render.manifests import rbac_manifests
 from tests.support import KubeEmulator, objects
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.kube_api import ClusterAPI
 
-RBAC = Path(__file__).resolve().parents[1] / "runtimes" / "rbac.yaml"
 NAMESPACE = "default"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "kubetrain", "namespace": NAMESPACE}
 BACKENDS = ("trainer", "job")
@@ -103,8 +104,10 @@ class Rule:
         )
 
 
-def bound_rules(documents: list[dict[str, Any]]) -> list[Rule]:
-    """The rules that apply to the ServiceAccount: a RoleBinding's in its namespace, a
+def bound_rules(
+    documents: list[dict[str, Any]], subject: Mapping[str, str] = SERVICE_ACCOUNT
+) -> list[Rule]:
+    """The rules that apply to ServiceAccount ``subject``: a RoleBinding's in its namespace, a
     ClusterRoleBinding's everywhere; a role nothing binds to it grants nothing."""
     roles = {
         (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d["rules"]
@@ -116,7 +119,7 @@ def bound_rules(documents: list[dict[str, Any]]) -> list[Rule]:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
         subjects = [{k: s.get(k) for k in SERVICE_ACCOUNT} for s in binding["subjects"]]
-        if SERVICE_ACCOUNT not in subjects:
+        if dict(subject) not in subjects:
             continue
         scope = binding["metadata"].get("namespace")  # None for a ClusterRoleBinding
         ref = binding["roleRef"]
@@ -135,7 +138,8 @@ def bound_rules(documents: list[dict[str, Any]]) -> list[Rule]:
 
 
 def rbac_documents() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    """What `kubetrain render rbac --namespace default` prints (the packaged RBAC)."""
+    return rbac_manifests(NAMESPACE)
 
 
 def grants_of(rules: list[Rule]) -> set[tuple[str, str, str]]:
@@ -231,39 +235,55 @@ def a_namespaced_runtime(run: Run) -> None:
     run.cli("delete", "--backend", "trainer", "namespaced")
 
 
-def step_pod(run: Run, name: str, metadata: dict[str, Any], launch: Callable[[], None]) -> None:
-    """``launch`` from inside pipeline step pod ``name`` (KUBETRAIN_OWNER_POD)."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **metadata},
-           "spec": {"containers": [{"name": "main", "image": "img:1"}]}}  # fmt: skip
-    run.emulator.create_pod(pod)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("KUBETRAIN_OWNER_POD", name)
-        env.setenv("KUBETRAIN_OWNER_POD_NAMESPACE", NAMESPACE)
-        launch()
-
-
 def workflow_object(name: str) -> dict[str, Any]:
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name}}
 
 
-def from_a_step_pod(run: Run) -> None:
-    """Argo's step pods are owned by their Workflow: launch reads its own pod for the owner."""
-    run.emulator.install_crd(objects.workflow_crd())
-    workflow = run.emulator.create("workflows", workflow_object("wf"))
-    owner = {"ownerReferences": [objects.owner_reference(workflow)]}
-    step_pod(run, "wf-launch", owner, lambda: run.launch("owned"))
-    owners = run.emulator.get("trainjobs", "owned")["metadata"]["ownerReferences"]
-    assert [o["name"] for o in owners] == ["wf"]
+def launch_with_env(env: dict[str, str], launch: Callable[[], None]) -> None:
+    """``launch`` with only ``env`` saying where it runs (no KUBETRAIN_OWNER_* override)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in (
+            "KUBETRAIN_OWNER_NAME",
+            "KUBETRAIN_OWNER_UID",
+            "KUBETRAIN_OWNER_POD",
+            "KUBETRAIN_OWNER_POD_NAMESPACE",
+            "POD_NAME",
+            "POD_NAMESPACE",
+        ):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        launch()
 
 
-def from_a_step_pod_known_by_label(run: Run) -> None:
-    """A step pod with only Argo's workflow label: launch reads the Workflow for its uid."""
+def owner_names(run: Run, job: str) -> list[str]:
+    return [o["name"] for o in run.emulator.get("trainjobs", job)["metadata"]["ownerReferences"]]
+
+
+def from_a_kfp_step(run: Run) -> None:
+    """A KFP launch step: KFP gives the step container KFP_POD_NAME/KFP_POD_UID (kubeflow/
+    pipelines 2.17.0 backend/src/v2/compiler/argocompiler/common.go); launch GETs its own pod,
+    whose Workflow ownerReference (a KFP run is an Argo Workflow) owns the TrainJob."""
     run.emulator.install_crd(objects.workflow_crd())
-    run.emulator.create("workflows", workflow_object("wf2"))
-    labels = {"labels": {"workflows.argoproj.io/workflow": "wf2"}}
-    step_pod(run, "wf2-launch", labels, lambda: run.launch("labelled"))
-    owners = run.emulator.get("trainjobs", "labelled")["metadata"]["ownerReferences"]
-    assert [o["name"] for o in owners] == ["wf2"]
+    workflow = run.emulator.create("workflows", workflow_object("kfp-run"))
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "kfp-run-launch-1", "namespace": NAMESPACE,
+                        "ownerReferences": [objects.owner_reference(workflow)]},
+           "spec": {"containers": [{"name": "main", "image": "img:1"}]}}  # fmt: skip
+    pod = run.emulator.create_pod(pod)
+    env = {"KFP_POD_NAME": pod["metadata"]["name"], "KFP_POD_UID": pod["metadata"]["uid"]}
+    launch_with_env(env, lambda: run.launch("kfp-owned"))
+    assert owner_names(run, "kfp-owned") == ["kfp-run"]
+
+
+def from_an_argo_step(run: Run) -> None:
+    """An Argo launch step: its main container has ARGO_WORKFLOW_NAME (argo-workflows
+    workflow/controller/workflowpod.go), not the uid; launch GETs the Workflow by name."""
+    run.emulator.install_crd(objects.workflow_crd())
+    run.emulator.create("workflows", workflow_object("argo-run"))
+    env = {"ARGO_WORKFLOW_NAME": "argo-run", "ARGO_NODE_ID": "argo-run-1234"}
+    launch_with_env(env, lambda: run.launch("argo-owned"))
+    assert owner_names(run, "argo-owned") == ["argo-run"]
 
 
 SCENARIOS: dict[str, Callable[[Run], None]] = {
@@ -272,12 +292,12 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
     "suspend-on-cancel": suspend_on_cancel,
     "missing-runtimes": runtimes_that_do_not_exist,
     "namespaced-runtime": a_namespaced_runtime,
-    "from-a-step-pod": from_a_step_pod,
-    "step-pod-known-by-label": from_a_step_pod_known_by_label,
+    "from-a-kfp-step": from_a_kfp_step,
+    "from-an-argo-step": from_an_argo_step,
 }
 #: Runtimes are the Trainer's; the owner is found by the same code for both backends.
-TRAINER_ONLY = {"missing-runtimes", "namespaced-runtime", "from-a-step-pod",
-                "step-pod-known-by-label"}  # fmt: skip
+TRAINER_ONLY = {"missing-runtimes", "namespaced-runtime", "from-a-kfp-step",
+                "from-an-argo-step"}  # fmt: skip
 CASES = [(b, s) for b in BACKENDS for s in SCENARIOS if b == "trainer" or s not in TRAINER_ONLY]
 #: Requests rbac.yaml does not grant (real gaps), as strict xfails: none now.
 GAPS: dict[tuple[str, str], str] = {}

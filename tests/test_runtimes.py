@@ -1,4 +1,5 @@
-"""Deployment manifests: our ClusterTrainingRuntimes, RBAC, kustomization and Dockerfiles.
+"""Deployment manifests: our ClusterTrainingRuntimes and RBAC (package data, printed by
+`kubetrain render runtimes|rbac`), and the Dockerfiles.
 
 Runtimes are checked against the vendored v2.3 ClusterTrainingRuntime CRD (skipped without
 ../shared, failed under CI=true), always round-trip through the kubeflow_trainer_api models,
@@ -7,7 +8,10 @@ and their pod template is checked as a batch/v1 Job with kubernetes-validate.
 
 from __future__ import annotations
 
+import importlib.resources
 import re
+import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -17,16 +21,36 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_cluster_training_runtime impor
     TrainerV1alpha1ClusterTrainingRuntime,
 )
 
-RUNTIMES = REPO_ROOT / "runtimes"
+from kubetrain.render.manifests import (
+    KFP_SERVICE_ACCOUNTS,
+    RUNTIME_NAMES,
+    rbac_manifests,
+    runtime_manifests,
+)
+
 IMAGES = REPO_ROOT / "images"
-RUNTIME_NAMES = ("torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
 GPU_RUNTIMES = ("torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
 K8S_VERSION = "1.30"
 OUR_TRAINER_IMAGE = "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
+MANIFESTS = "kubetrain.render.manifests"
 
 
 def load_runtime(name: str) -> dict:
-    return yaml.safe_load((RUNTIMES / f"{name}.yaml").read_text())
+    (runtime,) = [r for r in runtime_manifests() if r["metadata"]["name"] == name]
+    return runtime
+
+
+def render(*args: str) -> list[dict]:
+    """`kubetrain render ARGS`'s documents, run as a user runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetrain", "render", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT.parent,  # not the checkout: the installed package's data
+    )
+    assert result.returncode == 0, result.stderr
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
 
 
 def node_job(runtime: dict) -> dict:
@@ -144,8 +168,8 @@ EXPECTED_CLUSTER_RULES = [
 ]
 
 
-def rbac_documents() -> dict[str, dict]:
-    docs = list(yaml.safe_load_all((RUNTIMES / "rbac.yaml").read_text()))
+def rbac_documents(namespace: str = "default", **options) -> dict[str, dict]:
+    docs = rbac_manifests(namespace, **options)
     by_kind = {doc["kind"]: doc for doc in docs}
     assert len(by_kind) == len(docs) == 5
     return by_kind
@@ -156,19 +180,43 @@ def test_rbac_manifests_are_valid():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+def subjects(*names: str, namespace: str = "default") -> list[dict]:
+    return [{"kind": "ServiceAccount", "name": n, "namespace": namespace} for n in names]
+
+
 def test_rbac_grants_exactly_the_least_privilege_the_steps_need():
     docs = rbac_documents()
     assert docs["ServiceAccount"]["metadata"]["name"] == "kubetrain"
     assert docs["Role"]["rules"] == EXPECTED_ROLE_RULES
     assert docs["ClusterRole"]["rules"] == EXPECTED_CLUSTER_RULES
-    subject = {"kind": "ServiceAccount", "name": "kubetrain", "namespace": "default"}
     for binding, role in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
-        assert docs[binding]["subjects"] == [subject]
+        assert docs[binding]["subjects"] == subjects("kubetrain", *KFP_SERVICE_ACCOUNTS)
         assert docs[binding]["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": role,
             "name": docs[role]["metadata"]["name"],
         }
+
+
+def test_rbac_binds_the_accounts_kfp_runs_steps_as():
+    """KFP runs a step as the run's account, by default pipeline-runner (kubeflow/pipelines
+    2.17.0 backend/src/apiserver/common/const.go), default-editor in multi-user mode
+    (manifests/kustomize/base/installs/multi-user/api-service/params.env); KFP's own Role for
+    it (manifests/kustomize/base/pipeline/pipeline-runner-role.yaml) has nothing in
+    trainer.kubeflow.org. The old rbac.yaml bound kubetrain only, so a KFP launch step was
+    forbidden to create its TrainJob."""
+    assert KFP_SERVICE_ACCOUNTS == ("pipeline-runner", "default-editor")
+    docs = rbac_documents("kubeflow", service_accounts=("kubetrain", "pipeline-runner"))
+    assert docs["RoleBinding"]["subjects"] == subjects(
+        "kubetrain", "pipeline-runner", namespace="kubeflow"
+    )
+    assert docs["ClusterRoleBinding"]["subjects"] == docs["RoleBinding"]["subjects"]
+    assert {
+        docs[k]["metadata"]["namespace"] for k in ("ServiceAccount", "Role", "RoleBinding")
+    } == {"kubeflow"}
+    # Cluster-scoped: one binding per namespace, so rendering for team-b keeps team-a's.
+    assert docs["ClusterRoleBinding"]["metadata"]["name"] == "kubetrain-cluster-reads-kubeflow"
+    assert "namespace" not in docs["ClusterRoleBinding"]["metadata"]
 
 
 def test_rbac_has_no_wildcards_and_no_secrets():
@@ -180,11 +228,109 @@ def test_rbac_has_no_wildcards_and_no_secrets():
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
-def test_kustomization_lists_every_manifest():
-    kustomization = yaml.safe_load((RUNTIMES / "kustomization.yaml").read_text())
-    manifests = {p.name for p in RUNTIMES.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(kustomization["resources"]) == sorted(manifests)
-    assert {f"{name}.yaml" for name in RUNTIME_NAMES} | {"rbac.yaml"} == manifests
+# --- package data and `kubetrain render runtimes|rbac` ------------------------------------
+
+
+def test_the_manifests_are_package_data():
+    """In the package (so in the wheel: pyproject.toml's package-data), not only in the
+    checkout: the errors that told users to `kubectl apply -k runtimes/` pointed at files a
+    pip install does not have."""
+    files = importlib.resources.files(MANIFESTS)
+    shipped = {f.name for f in files.iterdir() if f.name.endswith(".yaml")}
+    assert shipped == {f"{name}.yaml" for name in RUNTIME_NAMES} | {"rbac.yaml"}
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert f'"{MANIFESTS}" = ["*.yaml"]' in pyproject
+    assert f'"{MANIFESTS}",' in pyproject  # in [tool.setuptools] packages
+
+
+def test_render_runtimes_prints_every_runtime_valid_against_the_crd():
+    documents = render("runtimes")
+    assert [d["metadata"]["name"] for d in documents] == list(RUNTIME_NAMES)
+    assert documents == runtime_manifests()
+    schema = crd_schema(CLUSTER_RUNTIME_CRD)
+    for document in documents:
+        assert schema_errors(document, schema) == [], document["metadata"]["name"]
+
+
+def test_render_rbac_prints_valid_rbac_for_the_namespace_and_accounts():
+    documents = render("rbac", "--namespace", "team-a", "--service-account", "ci-runner")
+    for document in documents:
+        kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+    by_kind = {d["kind"]: d for d in documents}
+    expected = subjects("kubetrain", *KFP_SERVICE_ACCOUNTS, "ci-runner", namespace="team-a")
+    assert by_kind["RoleBinding"]["subjects"] == expected
+    assert by_kind["ClusterRoleBinding"]["subjects"] == expected
+    assert by_kind["Role"]["metadata"]["namespace"] == "team-a"
+    only_ours = {d["kind"]: d for d in render("rbac", "--no-kfp-accounts")}
+    assert only_ours["RoleBinding"]["subjects"] == subjects("kubetrain")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--namespace", "Team_A"],
+         "--namespace: 'Team_A' is not a namespace name; give the namespace the steps run in, "
+         "e.g. kubeflow"),
+        (["--service-account", "CI runner"],
+         "--service-account: 'CI runner' is not a DNS-1123 subdomain; give a ServiceAccount's "
+         "name, e.g. pipeline-runner"),
+    ],
+)  # fmt: skip
+def test_render_rbac_refuses_bad_names_in_one_line(args, line):
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetrain", "render", "rbac", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"kubetrain render: error: {line}\n"
+
+
+def test_the_runtimes_folder_points_at_the_commands():
+    """kustomize refuses files outside its folder (its default load restrictor, symlinks
+    included), so `kubectl apply -k runtimes/` could only work on a second copy of the YAML:
+    the folder keeps a README that points at `kubetrain render`, and no YAML to drift."""
+    folder = REPO_ROOT / "runtimes"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
+    readme = (folder / "README.md").read_text()
+    assert "kubetrain render runtimes | kubectl apply -f -" in readme
+    assert "kubetrain render rbac --namespace" in readme
+    assert "kubectl apply -k" not in readme
+    # kfp-kubernetes 2.17 has no set_service_account (kfp/kubernetes/__init__.py).
+    assert "set_service_account" not in readme
+
+
+def test_every_runtime_names_a_device_the_kubeflow_sdk_knows():
+    """The Kubeflow SDK (kubeflow 0.5, trainer/backends/kubernetes/utils.py
+    get_container_devices) takes the device from the node container's limits and raises
+    "Unknown device type" on limits without cpu or an accelerator, failing list_runtimes() for
+    the whole cluster: torch-ddp-cpu's limits held memory only. GPU counts are quoted, or the
+    SDK reports "1.0" GPUs. (tests/test_kubeflow_sdk.py runs the SDK itself.)"""
+    for name in RUNTIME_NAMES:
+        limits = node_container(load_runtime(name))["resources"]["limits"]
+        device = "nvidia.com/gpu" if name in GPU_RUNTIMES else "cpu"
+        assert limits[device] == "1", name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="kubetrain/render/pod.py resource_requirements renders --cpu as a request only; "
+    "Trainer v2.3 merges resourcesPerNode into the runtime's resources key by key "
+    "(kubeflow/trainer v2.3.0 pkg/util/trainingruntime MergeResourceRequirements), so "
+    "--cpu 4 on torch-ddp-cpu (limits.cpu 1) makes requests > limits, an invalid pod: "
+    "render limits.cpu = --cpu too",
+)
+def test_a_cpu_request_never_exceeds_the_runtime_cpu_limit():
+    from kubetrain.jobspec import Resources
+    from kubetrain.render.pod import resource_requirements
+
+    rendered = resource_requirements(Resources(cpu="4"))
+    runtime = node_container(load_runtime("torch-ddp-cpu"))["resources"]
+    merged = {key: {**runtime.get(key, {}), **rendered.get(key, {})} for key in runtime}
+    assert float(merged["requests"]["cpu"]) <= float(merged["limits"]["cpu"])
 
 
 # --- Dockerfiles --------------------------------------------------------------------------

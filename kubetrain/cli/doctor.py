@@ -14,12 +14,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Check that the cluster in $KUBECONFIG (or the pod's) is ready for the steps: the API "
             "answers, the Kubeflow Trainer CRDs are installed (and which TrainJob form they take), "
-            "the runtime exists, and RBAC grants every verb the steps use "
-            "(SelfSubjectAccessReview). Prints what is missing and how to fix it; exits 1 if "
-            "anything is."
+            "the runtime exists, and RBAC grants every verb the steps use, to you "
+            "(SelfSubjectAccessReview) or to --service-account (SubjectAccessReview). Prints "
+            "what is missing and how to fix it; exits 1 if anything is."
         ),
     )
     parser.add_argument("--namespace", default="default", help="namespace the steps will use")
+    parser.add_argument(
+        "--service-account",
+        default="",
+        metavar="NAME",
+        help=(
+            "check the rights of this ServiceAccount of --namespace (the account the steps run "
+            "as: kubetrain, or KFP's pipeline-runner / default-editor) with SubjectAccessReviews, "
+            "instead of your own; needs the right to create them (a cluster admin has it)"
+        ),
+    )
     parser.add_argument(
         "--runtime", default=DEFAULT_RUNTIME, help="runtime the TrainJobs will refer to"
     )
@@ -41,6 +51,22 @@ def run(args: argparse.Namespace) -> int:
         if check.fix and not check.ok:
             print(f"     {'':8} fix: {check.fix}")
 
-    ready = diagnose(load_api_client(), args.namespace, args.runtime, args.runtime_kind, report)
+    from kubetrain import rules
+
+    rules.namespace(args.namespace, "--namespace", "give the namespace the steps run in")
+    if args.service_account:
+        rules.dns1123_subdomain(
+            args.service_account,
+            "--service-account",
+            "give a ServiceAccount's name, e.g. kubetrain",
+        )
+    ready = diagnose(
+        load_api_client(),
+        args.namespace,
+        args.runtime,
+        args.runtime_kind,
+        report,
+        service_account=args.service_account or None,
+    )
     print("ready" if ready else "not ready: fix the FAIL lines above")
     return 0 if ready else 1

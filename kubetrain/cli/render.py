@@ -1,6 +1,9 @@
-"""`kubetrain render trainjob`: print, as YAML, the objects `kubetrain launch` would create.
+"""`kubetrain render trainjob|runtimes|rbac`: print, as YAML, the objects `kubetrain launch`
+would create, or the manifests a cluster needs first (our ClusterTrainingRuntimes; the
+ServiceAccount and RBAC the steps run with), from the package's data: pipe them to
+`kubectl apply -f -`.
 
-It takes exactly launch's options (the same argument functions, and the same road:
+`render trainjob` takes exactly launch's options (the same argument functions, and the same road:
 ``request_from_args`` then ``render_launch``, which plans the job as ``launch`` does), with
 defaults that make sense without a cluster: ``--backend trainer``, ``--trainer-version auto``
 renders the newest form (2.3; render never contacts a cluster) and ``--data`` points into the
@@ -27,14 +30,15 @@ DEFAULT_DATA_DIR = "/mnt/shared/data"
 def register(subparsers: argparse._SubParsersAction) -> None:
     render = subparsers.add_parser(
         "render",
-        help="print the Kubernetes objects a launch would create, as YAML",
+        help="print, as YAML, the objects a launch would create, our runtimes or our RBAC",
         description=(
             "Print, as multi-document YAML, the objects `kubetrain launch` would create on a "
-            "cluster, without contacting one; pipe it to `kubectl apply -f -`."
+            "cluster, or the runtimes and RBAC the steps need there, without contacting one; "
+            "pipe it to `kubectl apply -f -`."
         ),
     )
     kinds = render.add_subparsers(
-        dest="kind", metavar="KIND", required=True, help="what to render: trainjob"
+        dest="kind", metavar="KIND", required=True, help="what to render: trainjob, runtimes, rbac"
     )
     trainjob = kinds.add_parser(
         "trainjob",
@@ -81,6 +85,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "/mnt/shared/checkpoints/<job name>",
     )
     trainjob.set_defaults(handler=run)
+    _register_manifests(kinds)
+
+
+def _register_manifests(kinds: argparse._SubParsersAction) -> None:
+    runtimes = kinds.add_parser(
+        "runtimes",
+        help="our Kubeflow Trainer ClusterTrainingRuntimes",
+        description=(
+            "Print our ClusterTrainingRuntimes (torch-ddp-cpu, torch-ddp-gpu, torch-fsdp-gpu, "
+            "torch-ddp-gpu-gang; Kubeflow Trainer v2.3) for "
+            "`kubetrain render runtimes | kubectl apply -f -`. They mount the PVC "
+            "kubetrain-shared at /mnt/shared: create it in the namespace the jobs run in."
+        ),
+    )
+    runtimes.set_defaults(handler=run_runtimes)
+    rbac = kinds.add_parser(
+        "rbac",
+        help="the ServiceAccount and least-privilege RBAC the steps run with",
+        description=(
+            "Print ServiceAccount kubetrain, the Role and ClusterRole with exactly the rights the "
+            "steps use, and their bindings in --namespace, for "
+            "`kubetrain render rbac --namespace NS | kubectl apply -f -`. They bind kubetrain "
+            "(the Argo workflow's account; `kubetrain submit kfp --service-account kubetrain`) "
+            "and the accounts KFP runs steps as when a run names none: pipeline-runner "
+            "(standalone KFP, namespace kubeflow) and default-editor (multi-user KFP, the "
+            "profile's namespace)."
+        ),
+    )
+    rbac.add_argument(
+        "--namespace",
+        default="default",
+        help="namespace the steps and their jobs run in (default: default; standalone KFP: "
+        "kubeflow; multi-user KFP: the profile's namespace)",
+    )
+    rbac.add_argument(
+        "--service-account",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also bind this ServiceAccount of --namespace (repeatable)",
+    )
+    rbac.add_argument(
+        "--no-kfp-accounts",
+        action="store_true",
+        help="bind kubetrain (and --service-account) only, not KFP's pipeline-runner and "
+        "default-editor",
+    )
+    rbac.set_defaults(handler=run_rbac)
 
 
 def _set_default(parser: argparse.ArgumentParser, dest: str, default: Any, help_text: str) -> None:
@@ -92,9 +144,31 @@ def _set_default(parser: argparse.ArgumentParser, dest: str, default: Any, help_
 
 
 def run(args: argparse.Namespace) -> int:
+    return _print_documents(render_documents(args))
+
+
+def run_runtimes(args: argparse.Namespace) -> int:
+    from kubetrain.render.manifests import runtime_manifests
+
+    return _print_documents(runtime_manifests())
+
+
+def run_rbac(args: argparse.Namespace) -> int:
+    from kubetrain.render.manifests import (
+        KFP_SERVICE_ACCOUNTS,
+        STEPS_SERVICE_ACCOUNT,
+        rbac_manifests,
+    )
+
+    kfp = () if args.no_kfp_accounts else KFP_SERVICE_ACCOUNTS
+    accounts = (STEPS_SERVICE_ACCOUNT, *kfp, *args.service_account)
+    return _print_documents(rbac_manifests(args.namespace, accounts))
+
+
+def _print_documents(documents: list[dict[str, Any]]) -> int:
     import yaml
 
-    print(yaml.dump_all(render_documents(args), Dumper=_block_dumper(), sort_keys=False), end="")
+    print(yaml.dump_all(documents, Dumper=_block_dumper(), sort_keys=False), end="")
     return 0
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubetrain.backends.kubernetes.permissions import REQUIRED
+from kubetrain.backends.kubernetes.permissions import access_review, required_permissions
 from kubetrain.errors import KubetrainError
+from kubetrain.render.manifests import APPLY_RUNTIMES, RUNTIME_NAMES, apply_rbac_command
 
 
 @dataclass(frozen=True)
@@ -56,52 +57,62 @@ def check_runtime(objects, namespace: str, runtime: str, runtime_kind: str) -> C
     try:
         runtime_exists(objects, spec, namespace, notes.append)
     except KubetrainError as exc:
-        return Check("runtime", False, str(exc))
+        return Check("runtime", False, str(exc), APPLY_RUNTIMES if runtime in RUNTIME_NAMES else "")
     return Check("runtime", True, "; ".join([f"{runtime_kind} {runtime} exists", *notes]))
 
 
-def check_permissions(api_client, namespace: str) -> Check:
-    """One SelfSubjectAccessReview per verb the steps use."""
+def check_permissions(api_client, namespace: str, service_account: str | None = None) -> Check:
+    """One access review per verb the steps use: for the caller (SelfSubjectAccessReview), or
+    for ``service_account`` of ``namespace`` (SubjectAccessReview, which the caller must be
+    allowed to create: a cluster admin usually is)."""
     from kubernetes.client import AuthorizationV1Api
 
-    from kubetrain.backends.kubernetes.client import Action, call_with_retries
+    from kubetrain.backends.kubernetes.client import Action, PermissionDenied, call_with_retries
 
     api = AuthorizationV1Api(api_client)
+    who = f"ServiceAccount {namespace}/{service_account}" if service_account else "you"
+    if service_account:
+        action = Action("create", "subjectaccessreviews", "authorization.k8s.io")
+        create = api.create_subject_access_review
+    else:
+        action = Action("create", "selfsubjectaccessreviews", "authorization.k8s.io")
+        create = api.create_self_subject_access_review
+    permissions = required_permissions()
     missing = []
-    for permission in REQUIRED:
-        resource, _, subresource = permission.resource.partition("/")
+    for permission in permissions:
         for verb in permission.verbs:
-            attributes = {
-                "group": permission.group,
-                "resource": resource,
-                "subresource": subresource or None,
-                "verb": verb,
-                "namespace": None if permission.cluster else namespace,
-                "name": permission.names[0] if permission.names else None,
-            }
-            review = {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectAccessReview",
-                "spec": {"resourceAttributes": {k: v for k, v in attributes.items() if v}},
-            }
-            action = Action("create", "selfsubjectaccessreviews", "authorization.k8s.io")
-            answer = call_with_retries(action, api.create_self_subject_access_review, review)
+            review = access_review(permission, verb, namespace, service_account)
+            try:
+                answer = call_with_retries(action, create, review)
+            except PermissionDenied as exc:
+                return Check(
+                    "rbac",
+                    False,
+                    f"cannot check the rights of {who}: you may not create "
+                    f"subjectaccessreviews.authorization.k8s.io ({exc.server_message})",
+                    "run doctor as someone who may create SubjectAccessReviews (a cluster "
+                    "admin), or as that account without --service-account",
+                )
             if not answer.status.allowed:
-                group = f".{permission.group}" if permission.group else ""
-                missing.append(f"{verb} {permission.resource}{group}")
+                missing.append(permission.label(verb))
     if missing:
         return Check(
             "rbac",
             False,
-            f"missing in namespace {namespace}: {', '.join(missing)}",
-            "kubectl apply -k runtimes/ and run the steps as ServiceAccount kubetrain",
+            f"missing for {who} in namespace {namespace}: {', '.join(missing)}",
+            apply_rbac_command(namespace, [service_account] if service_account else []),
         )
-    verbs = sum(len(p.verbs) for p in REQUIRED)
-    return Check("rbac", True, f"all {verbs} permissions the steps use are granted")
+    verbs = sum(len(p.verbs) for p in permissions)
+    return Check("rbac", True, f"{who}: all {verbs} permissions the steps use are granted")
 
 
 def diagnose(
-    api_client, namespace: str, runtime: str, runtime_kind: str, report: Callable[[Check], None]
+    api_client,
+    namespace: str,
+    runtime: str,
+    runtime_kind: str,
+    report: Callable[[Check], None],
+    service_account: str | None = None,
 ) -> bool:
     """Run the checks in order (later ones need the earlier), reporting each; True if all pass."""
     from kubetrain.backends.kubernetes.client import RetryPolicy
@@ -118,6 +129,6 @@ def diagnose(
     if trainer.ok:
         checks.append(check_runtime(objects, namespace, runtime, runtime_kind))
         report(checks[-1])
-    checks.append(check_permissions(api_client, namespace))
+    checks.append(check_permissions(api_client, namespace, service_account))
     report(checks[-1])
     return all(check.ok for check in checks)

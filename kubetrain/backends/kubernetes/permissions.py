@@ -1,9 +1,15 @@
-"""The permissions the steps need on a cluster: what `runtimes/rbac.yaml` grants (a test keeps
-the two equal) and what `kubetrain doctor` checks with SelfSubjectAccessReviews."""
+"""The permissions the steps need on a cluster, read from the roles we ship
+(``kubetrain/render/manifests/rbac.yaml``, what ``kubetrain render rbac`` prints), so what
+``kubetrain doctor`` checks cannot drift from what the RBAC grants; and the access reviews that
+check them, for the caller (SelfSubjectAccessReview) or for a ServiceAccount
+(SubjectAccessReview)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from kubetrain.render.manifests import role_manifests
 
 
 @dataclass(frozen=True)
@@ -16,20 +22,52 @@ class Permission:
     #: Limited to these object names (RBAC resourceNames); empty = any.
     names: tuple[str, ...] = ()
 
+    def label(self, verb: str) -> str:
+        """``watch trainjobs.trainer.kubeflow.org``, ``get pods/log``: as kubectl names it."""
+        group = f".{self.group}" if self.group else ""
+        return f"{verb} {self.resource}{group}"
 
-REQUIRED = (
-    Permission("trainer.kubeflow.org", "trainjobs",
-               ("create", "get", "list", "watch", "patch", "delete")),
-    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "list")),
-    Permission("", "pods", ("get", "list", "watch")),
-    Permission("", "pods/log", ("get",)),
-    Permission("", "events", ("list",)),
-    Permission("", "configmaps", ("create", "get", "delete")),
-    Permission("batch", "jobs", ("create", "get", "list", "watch", "patch", "delete")),
-    Permission("", "services", ("create", "get", "delete")),
-    Permission("argoproj.io", "workflowtaskresults", ("create", "patch")),
-    Permission("argoproj.io", "workflows", ("get",)),
-    Permission("trainer.kubeflow.org", "clustertrainingruntimes", ("get", "list"), cluster=True),
-    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("get",), cluster=True,
-               names=("trainjobs.trainer.kubeflow.org",)),
-)  # fmt: skip
+
+def required_permissions() -> tuple[Permission, ...]:
+    """One Permission per (API group, resource) of each rule of the shipped Role and
+    ClusterRole, in their order."""
+    return tuple(
+        Permission(group, resource, tuple(rule["verbs"]), role["kind"] == "ClusterRole",
+                   tuple(rule.get("resourceNames", ())))
+        for role in role_manifests()
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    )  # fmt: skip
+
+
+def service_account_user(namespace: str, name: str) -> tuple[str, list[str]]:
+    """The user name and groups the API server authenticates a ServiceAccount's token as
+    (kubernetes ``pkg/serviceaccount/util.go`` MakeUsername/MakeGroupNames, plus
+    ``system:authenticated`` which every authenticated request gets), so a review for it
+    counts bindings to its groups too."""
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+              "system:authenticated"]  # fmt: skip
+    return f"system:serviceaccount:{namespace}:{name}", groups
+
+
+def access_review(
+    permission: Permission, verb: str, namespace: str, service_account: str | None
+) -> dict[str, Any]:
+    """The review asking whether ``verb`` on ``permission`` is allowed in ``namespace``: for the
+    caller, or for ``service_account`` of ``namespace``."""
+    resource, _, subresource = permission.resource.partition("/")
+    attributes = {
+        "group": permission.group,
+        "resource": resource,
+        "subresource": subresource or None,
+        "verb": verb,
+        "namespace": None if permission.cluster else namespace,
+        "name": permission.names[0] if permission.names else None,
+    }
+    spec: dict[str, Any] = {"resourceAttributes": {k: v for k, v in attributes.items() if v}}
+    kind = "SelfSubjectAccessReview"
+    if service_account:
+        kind = "SubjectAccessReview"
+        spec["user"], spec["groups"] = service_account_user(namespace, service_account)
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": kind, "spec": spec}

@@ -41,7 +41,8 @@ def test_doctor_checks_exactly_what_rbac_grants():
 def test_a_review_for_yourself_and_one_for_a_service_account():
     """A SubjectAccessReview names the account as the API server authenticates its token:
     user system:serviceaccount:NS:NAME in groups system:serviceaccounts and
-    system:serviceaccounts:NS (kubernetes pkg/serviceaccount/util.go), so a binding to the
+    system:serviceaccounts:NS (kubernetes staging/src/k8s.io/apiserver/pkg/authentication/
+    serviceaccount/util.go MakeGroupNames), so a binding to the
     namespace's accounts as a group counts too."""
     logs = Permission("", "pods/log", ("get",))
     mine = access_review(logs, "get", "team-a", None)

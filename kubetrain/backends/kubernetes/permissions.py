@@ -43,9 +43,9 @@ def required_permissions() -> tuple[Permission, ...]:
 
 def service_account_user(namespace: str, name: str) -> tuple[str, list[str]]:
     """The user name and groups the API server authenticates a ServiceAccount's token as
-    (kubernetes ``pkg/serviceaccount/util.go`` MakeUsername/MakeGroupNames, plus
-    ``system:authenticated`` which every authenticated request gets), so a review for it
-    counts bindings to its groups too."""
+    (kubernetes ``staging/src/k8s.io/apiserver/pkg/authentication/serviceaccount/util.go``
+    MakeUsername/MakeGroupNames, plus ``system:authenticated``, which every authenticated
+    request gets), so a review for it counts bindings to its groups too."""
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
               "system:authenticated"]  # fmt: skip
     return f"system:serviceaccount:{namespace}:{name}", groups

@@ -176,6 +176,8 @@ def test_no_trainer_and_unknown_runtime_are_reported(cluster):
     assert result.returncode == 1
     assert "no ClusterTrainingRuntime named 'torch-fsdp-gpu'" in result.stdout
     assert "torch-ddp-cpu" in result.stdout
+    # One of ours: the command that installs it.
+    assert "fix: kubetrain render runtimes | kubectl apply -f -" in result.stdout
 
 
 def test_an_unreachable_api_is_reported(tmp_path):

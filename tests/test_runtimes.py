@@ -290,8 +290,10 @@ def test_render_rbac_refuses_bad_names_in_one_line(args, line):
 
 
 def test_the_runtimes_folder_points_at_the_commands():
-    """kustomize refuses files outside its folder (its default load restrictor, symlinks
-    included), so `kubectl apply -k runtimes/` could only work on a second copy of the YAML:
+    """kustomize refuses files outside its folder (its default load restrictor,
+    kubernetes-sigs/kustomize api/internal/loader/loadrestrictions.go RestrictionRootOnly, on
+    the path with symlinks resolved), so `kubectl apply -k runtimes/` could only work on a
+    second copy of the YAML:
     the folder keeps a README that points at `kubetrain render`, and no YAML to drift."""
     folder = REPO_ROOT / "runtimes"
     assert sorted(p.name for p in folder.iterdir()) == ["README.md"]

@@ -206,3 +206,42 @@ def test_the_cli_module_imports_no_heavy_packages(run_python):
     )
     result = run_python(["-c", probe])
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("passed", "registry", "storage", "promotes", "said"),
+    [
+        (True, "/mnt/shared/registry", "", True, "promoting to /mnt/shared/registry"),
+        (True, "/mnt/shared/registry", "/mnt/shared/store", True, "promoting to"),
+        (False, "/mnt/shared/registry", "", False, "did not pass the evaluation"),
+        (True, "", "", False, "no model_registry given"),
+        (True, "/mnt/shared/registry", "s3://bucket/runs", False, "in s3://bucket/runs"),
+    ],
+)
+def test_the_promotion_gate_says_yes_only_when_promote_can_run(
+    passed, registry, storage, promotes, said, capsys
+):
+    """The pipeline's single-output gate (issue 17 (20)): a dsl.If on its one output works under
+    KFP's local runner too, where one on evaluate's NamedTuple `passed` is always false
+    (kubeflow/pipelines#13313)."""
+    from kubetrain.components.promote_model.component import promotion_gate
+
+    assert promotion_gate.python_func(passed, registry, storage) is promotes
+    assert said in capsys.readouterr().out
+
+
+def test_the_kfp_component_promotes_the_model_a_location_pointer_names(models, tmp_path):
+    """collect's `model` artifact is a LOCATION pointer when the model went to `storage`."""
+    from kfp import dsl
+
+    from kubetrain import storage
+    from kubetrain.components.promote_model.component import promote_model as component
+
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    storage.write_pointer(str(artifact), str(models["ddp"]))
+    outputs = component.python_func(
+        model=dsl.Model(uri=str(artifact)), registry=str(tmp_path / "registry"), version="v1"
+    )
+    assert outputs.promoted_to == str(tmp_path / "registry" / "v1")
+    assert outputs.sha256 == read_model_card(str(models["ddp"]))["sha256"]

@@ -30,6 +30,12 @@ SCRIPT_VOLUME = "kubetrain-script"
 SCRIPT_MOUNT_PATH = "/workspace"
 #: A storage URI: an RFC 3986 scheme, "://", then no whitespace.
 STORAGE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+#: The replicated jobs (and containers) of a Trainer runtime that run the nodes and the
+#: initializers (trainer v2.3.0 ``pkg/constants/constants.go``: Node, DatasetInitializer,
+#: ModelInitializer).
+NODE_JOB = "node"
+DATASET_INITIALIZER_JOB = "dataset-initializer"
+MODEL_INITIALIZER_JOB = "model-initializer"
 
 
 def validate_labels(labels: dict[str, str], field_name: str) -> None:
@@ -271,6 +277,19 @@ class TrainJobSpec:
                     "give the folder as an absolute path, e.g. /mnt/shared/checkpoints/job",
                 )
         return self
+
+    def replicated_jobs(self) -> list[tuple[str, int, int]]:
+        """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs
+        for this spec: the nodes, and the initializers it asks for. What the pod names JobSet
+        gives them must fit (``rules.jobset_pod_names``)."""
+        jobs = [(NODE_JOB, 1, self.num_nodes)]
+        for initializer, job in (
+            (self.dataset_initializer, DATASET_INITIALIZER_JOB),
+            (self.model_initializer, MODEL_INITIALIZER_JOB),
+        ):
+            if initializer is not None:
+                jobs.append((job, 1, 1))
+        return jobs
 
     def _validate_volumes(self) -> None:
         """Each volume valid, with a name and a mount point of its own: the API server refuses

@@ -6,8 +6,14 @@ import hashlib
 import re
 import secrets
 
-# The Trainer's pods are named "<job>-node-<i>-<j>-<suffix>"; leave room for that in 63.
-MAX_DERIVED_LENGTH = 47
+from kubetrain.rules import longest_jobset_name
+
+#: JobSet names a TrainJob's pods "<job>-<replicated job>-<i>-<j>-<suffix>" and refuses a
+#: JobSet whose pod names could pass 63 characters (``rules.jobset_pod_names``). A derived
+#: name fits whatever the launch asks for: the longest replicated job of a Trainer runtime
+#: (``dataset-initializer``) and up to 10000 nodes. The same name whatever the launch's
+#: options, so `kubetrain delete --run-name` finds it.
+MAX_DERIVED_LENGTH = longest_jobset_name([("dataset-initializer", 1, 1), ("node", 1, 10_000)])
 
 
 def derive_job_name(run: str, step: str = "train") -> str:

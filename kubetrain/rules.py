@@ -229,3 +229,41 @@ def model_spec(value: str, field: str, fix: str = "") -> str:
     if value not in BUILTIN_MODELS and not (sep and all(part.isidentifier() for part in dotted)):
         raise InvalidInput(field, f"{shown(value)} is unknown", fix or MODEL_FIX)
     return value
+
+
+#: What JobSet appends to the name of a pod it creates after "<jobset>-<replicatedJob>-<job
+#: index>-<pod index>": the Job controller's random suffix, as the webhook measures it.
+JOBSET_POD_SUFFIX = "-abcde"
+
+
+def jobset_pod_name(jobset: str, replicated_job: str, replicas: int, completions: int) -> str:
+    """The longest pod name JobSet gives a replicated job's pods (its last job index, its last
+    pod index), as jobset v0.12.0 ``pkg/webhooks/jobset_webhook.go`` builds it with
+    ``placement.GenPodName`` (``pkg/util/placement/placement.go``) before checking it."""
+    return f"{jobset}-{replicated_job}-{replicas - 1}-{completions - 1}{JOBSET_POD_SUFFIX}"
+
+
+def longest_jobset_name(replicated_jobs: Collection[tuple[str, int, int]]) -> int:
+    """How long a JobSet's (so a TrainJob's) name may be for the pod names of each of
+    ``replicated_jobs`` ((name, replicas, completions)) to fit in a DNS-1035 label."""
+    return min(DNS1123_LABEL_MAX - len(jobset_pod_name("", *job)) for job in replicated_jobs)
+
+
+def jobset_pod_names(
+    name: str, replicated_jobs: Collection[tuple[str, int, int]], field: str, fix: str = ""
+) -> str:
+    """A TrainJob's name whose JobSet's pod names all fit in 63 characters: JobSet's webhook
+    refuses a longer one ("pod names generated for this JobSet will exceed 63 characters",
+    jobset v0.12.0 ``pkg/webhooks/jobset_webhook.go``), and the Trainer then only emits a
+    Warning event, so the TrainJob would never get a pod."""
+    limit = longest_jobset_name(replicated_jobs)
+    if len(name) > limit:
+        longest = max((jobset_pod_name(name, *job) for job in replicated_jobs), key=len)
+        raise InvalidInput(
+            field,
+            f"{shown(name)} is {len(name)} characters: JobSet would name a pod {longest} "
+            f"({len(longest)} characters, more than {DNS1123_LABEL_MAX}), which Kubernetes "
+            "refuses, so the job would never start",
+            fix or f"use a name of at most {limit} characters",
+        )
+    return name

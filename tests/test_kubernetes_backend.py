@@ -359,7 +359,7 @@ def test_permission_errors_name_the_missing_verb_and_resource(k8s):
     message = str(denied.value)
     assert "cannot create trainjobs.trainer.kubeflow.org in namespace default" in message
     assert "verb 'create' on resource 'trainjobs'" in message
-    assert "runtimes/rbac.yaml" in message and "kubectl apply -k runtimes/" in message
+    assert "kubetrain render rbac --namespace NS | kubectl apply -f -" in message
     backend.launch(make_spec())
     emulator.fail(403, verb="list", resource="pods")
     with pytest.raises(PermissionDenied, match="verb 'list' on resource 'pods'"):
@@ -579,8 +579,9 @@ def test_the_pipeline_runs_workflow_owns_the_trainjob(k8s, monkeypatch):
         "spec": {"containers": [{"name": "main", "image": "x"}]},
     }
     emulator.create_pod(step)
-    monkeypatch.setenv("POD_NAME", "run-1-launch")
-    monkeypatch.setenv("POD_NAMESPACE", "default")
+    # What KFP gives a step container (kubeflow/pipelines 2.17.0 backend/src/v2/compiler/
+    # argocompiler/common.go); this pod has the Workflow's label, not its ownerReference.
+    monkeypatch.setenv("KFP_POD_NAME", "run-1-launch")
     k8s.backend().launch(make_spec())
     (owner,) = emulator.get("trainjobs", "demo")["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == (

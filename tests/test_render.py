@@ -152,7 +152,8 @@ def test_default_trainjob_is_minimal():
     }
     trainer = trainjob["spec"]["trainer"]
     assert trainer["command"] == ["torchrun", "-m", "kubetrain.train"]
-    assert "args" not in trainer and "resourcesPerNode" not in trainer and "env" not in trainer
+    # args: [] explicitly, so the runtime's own args are not kept (see the args test).
+    assert trainer["args"] == [] and "resourcesPerNode" not in trainer and "env" not in trainer
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (1, 1)
     for absent in ("suspend", "activeDeadlineSeconds", "initializer", "podTemplateOverrides"):
         assert absent not in trainjob["spec"]

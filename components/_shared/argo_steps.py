@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hera.workflows import Artifact, Container, NoneArchiveStrategy, Parameter, RetryStrategy
+from hera.workflows import (
+    Artifact,
+    Container,
+    Env,
+    NoneArchiveStrategy,
+    Parameter,
+    RetryStrategy,
+)
 from hera.workflows.models import (
     Backoff,
     Capabilities,
@@ -42,6 +49,16 @@ class SharedVolume:
 
 
 SHARED_VOLUME = SharedVolume()
+
+#: What makes a step's Workflow the owner of the objects it creates (``kubetrain.backends.
+#: kubernetes.owner``): its name and uid, which Argo gives a main container only as these
+#: template variables (argo-workflows ``docs/variables.md``: ``workflow.uid`` "useful for
+#: setting ownership reference to a resource"; the ARGO_WORKFLOW_UID variable is only in the
+#: executor's containers, ``workflow/controller/workflowpod.go``).
+WORKFLOW_OWNER_ENV = {
+    "KUBETRAIN_OWNER_NAME": "{{workflow.name}}",
+    "KUBETRAIN_OWNER_UID": "{{workflow.uid}}",
+}
 
 
 def inputs(name: str) -> str:
@@ -105,9 +122,11 @@ def step_template(
     volume: SharedVolume | None = None,
     retry: RetryStrategy | None = None,
     image: str = COMPONENT_IMAGE,
+    env: dict[str, str] | None = None,
 ) -> Container:
     """A container template running ``kubetrain SUBCOMMAND ARGS``, plus
-    ``--output-parameters DIR`` when it has output parameters."""
+    ``--output-parameters DIR`` when it has output parameters; ``env``: variables of its
+    container (Argo expressions allowed)."""
     if any(isinstance(output, Parameter) for output in outputs):
         args = [*args, OUTPUT_PARAMETERS_OPTION, OUTPUTS_DIR]
     return Container(
@@ -118,6 +137,7 @@ def step_template(
         inputs=[*parameters, *input_artifacts],
         outputs=outputs,
         volume_mounts=[volume.mount()] if volume is not None else None,
+        env=[Env(name=key, value=value) for key, value in env.items()] if env else None,
         retry_strategy=retry,
         security_context=SecurityContext(
             run_as_non_root=True,

@@ -19,7 +19,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser, *, creates: bool = Fa
     """``creates``: the verb makes the job, so it also chooses the TrainJob form."""
     parser.add_argument("--backend", default="local", help=BACKEND_HELP)
     parser.add_argument(
-        "--namespace", default="default", help="Kubernetes namespace of the job (cluster backends)"
+        "--namespace",
+        default="",
+        help="Kubernetes namespace of the job (cluster backends); default: the one we run in "
+        "(a pod's own, else the kubeconfig context's, else default)",
     )
     if creates:
         parser.add_argument(

@@ -12,7 +12,7 @@ def launch_trainjob(
     dataset: dsl.Input[dsl.Dataset],
     run_name: str = "",
     job_name: str = "",
-    backend: str = "local",
+    backend: str = "trainer",
     nodes: int = 2,
     procs_per_node: int = 1,
     strategy: str = "ddp",
@@ -23,7 +23,7 @@ def launch_trainjob(
     checkpoint_dir: str = "",
     image: str = "",
     runtime: str = "torch-ddp-cpu",
-    namespace: str = "default",
+    namespace: str = "",
     shared_pvc: str = "",
     shared_mount: str = "/mnt/shared",
     service_account: str = "",
@@ -54,7 +54,8 @@ def launch_trainjob(
     """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
 
     The job name is ``job_name`` if given, else derived from ``run_name`` (pass the pipeline
-    run's name so a retried step finds its own job). An empty ``image`` means the trainer image
+    run's name so a retried step finds its own job). ``namespace`` empty: this step's own
+    (the run's), where the claims it mounts are. An empty ``image`` means the trainer image
     configured in the components image ($KUBETRAIN_TRAINER_IMAGE, else ours).
 
     On a cluster backend with ``shared_pvc`` (mounted into this step at ``shared_mount``, e.g.

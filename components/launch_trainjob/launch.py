@@ -287,7 +287,8 @@ def render_launch(
     request: LaunchRequest, backend: str = "trainer", options: BackendOptions | None = None
 ) -> list[dict[str, Any]]:
     """The objects ``launch`` with the same request would create on a cluster, in creation
-    order, without contacting one (``trainer_version`` auto renders the newest form)."""
+    order, without contacting one (``trainer_version`` auto renders the newest form; an empty
+    namespace is the kubeconfig context's, as launch finds it outside a pod)."""
     from kubetrain.render import RENDERED_BACKENDS, render_job
     from kubetrain.render.trainjob import LATEST_VERSION
 
@@ -297,10 +298,12 @@ def render_launch(
             f"{backend!r} has nothing to render",
             "use --backend trainer (a TrainJob) or job (Indexed Job + headless Service)",
         )
+    from kubetrain.backends.kubernetes.client import resolve_namespace
+
     options = (options or BackendOptions()).validate()
     plan = plan_launch(request, backend, get_backend(backend, options))
     version = LATEST_VERSION if options.trainer_version == "auto" else options.trainer_version
-    return render_job(plan.spec, backend, options.namespace, version)
+    return render_job(plan.spec, backend, resolve_namespace(options.namespace), version)
 
 
 # ------------------------------------------------------------------ text to spec pieces

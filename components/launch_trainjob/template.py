@@ -6,6 +6,7 @@ from hera.workflows import Container
 
 from kubetrain.components._shared.argo_steps import (
     SHARED_VOLUME,
+    WORKFLOW_OWNER_ENV,
     SharedVolume,
     api_retry,
     input_parameter,
@@ -30,7 +31,8 @@ def launch_trainjob_template(
     name derives from ``run_name`` (the workflow's name), so a retried launch adopts the job it
     already created. The nodes mount claim ``shared_pvc`` at the volume's path, where the
     dataset and checkpoints are. Every option of `kubetrain launch` is a parameter (lists and
-    mappings as JSON), so the template and the CLI cannot drift."""
+    mappings as JSON), so the template and the CLI cannot drift. The workflow owns the job
+    (``WORKFLOW_OWNER_ENV``): deleting the workflow deletes its training."""
     mount = volume.mount_path
     parameters = [
         input_parameter("run_name", "the workflow run; the job name derives from it"),
@@ -186,4 +188,5 @@ def launch_trainjob_template(
         volume=volume,
         retry=api_retry(),
         image=image,
+        env=WORKFLOW_OWNER_ENV,
     )

@@ -9,7 +9,7 @@ from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
-from kubetrain.components.wait_trainjob.wait import DEFAULT_STALL_TIMEOUT_SECONDS
+from kubetrain.components.wait_trainjob.wait import AUTO, DEFAULT_STALL_TIMEOUT_SECONDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,20 +45,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="what SIGTERM, or a node that cannot start, does to a cluster job: delete "
         "(default) or suspend",
     )
+    parser.add_argument(
+        "--unschedulable-grace-seconds",
+        default=AUTO,
+        help="fail a cluster job whose node pod no node can take for this many seconds (it "
+        "says what the pod waits for meanwhile); 0 or empty = no limit (an autoscaler, a "
+        f"queue); default {AUTO}: 300, no limit for a gang runtime (podGroupPolicy)",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
     add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubetrain.components.wait_trainjob.wait import wait_for_job
+    from dataclasses import replace
 
+    from kubetrain.components.wait_trainjob.wait import unschedulable_grace, wait_for_job
+
+    options = replace(
+        backend_options(args),
+        unschedulable_grace=unschedulable_grace(args.unschedulable_grace_seconds),
+    )
     result = wait_for_job(
         args.name,
         backend=args.backend,
         timeout_seconds=args.timeout,
         on_log_line=None if args.quiet else lambda line: print(line, flush=True),
-        options=backend_options(args),
+        options=options.validate(),
         stall_timeout_seconds=args.stall_timeout,
     )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")

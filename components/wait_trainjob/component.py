@@ -1,4 +1,4 @@
-"""KFP component of the wait step."""
+"""KFP components of the wait step, and of the exit handler's delete."""
 
 from typing import NamedTuple
 
@@ -10,33 +10,74 @@ from kubetrain.images import COMPONENT_IMAGE
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def wait_trainjob(
     job_name: str,
-    backend: str = "local",
+    backend: str = "trainer",
     timeout_seconds: float = 0,
-    namespace: str = "default",
+    namespace: str = "",
     on_cancel: str = "delete",
     stall_timeout_seconds: float = 1800,
-) -> NamedTuple("WaitOutputs", [("state", str), ("duration_seconds", float)]):  # noqa: UP014
+    unschedulable_grace_seconds: str = "auto",
+    checkpoint_dir: str = "",
+) -> NamedTuple(  # noqa: UP014
+    "WaitOutputs", [("state", str), ("duration_seconds", float), ("checkpoint_dir", str)]
+):
     """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
     exit code and last log lines if the job fails, or with exit 3 (after stopping the job) if
-    it runs with no new log line for ``stall_timeout_seconds`` (0 = never)."""
+    it runs with no new log line for ``stall_timeout_seconds`` (0 = never).
+
+    ``namespace`` empty: this step's own (the run's). ``unschedulable_grace_seconds``: how long
+    a node pod no node can take may wait ("auto": 300, no limit for a gang runtime; 0 or empty:
+    no limit). ``checkpoint_dir`` (launch's output) comes back as an output once the job is
+    Complete, so a step that reads the checkpoints takes it from here and cannot run before
+    the training has ended."""
     import sys
     from collections import namedtuple
 
     from kubetrain.backends import BackendOptions
-    from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
+    from kubetrain.components.wait_trainjob.wait import (
+        JobFailed,
+        unschedulable_grace,
+        wait_for_job,
+    )
 
+    options = BackendOptions(
+        namespace=namespace,
+        on_cancel=on_cancel,
+        unschedulable_grace=unschedulable_grace(unschedulable_grace_seconds),
+    )
     try:
         result = wait_for_job(
             job_name,
             backend=backend,
             timeout_seconds=timeout_seconds,
             on_log_line=lambda line: print(line, flush=True),
-            options=BackendOptions(namespace=namespace, on_cancel=on_cancel),
+            options=options,
             stall_timeout_seconds=stall_timeout_seconds,
         )
     except JobFailed as failure:
         print(failure, file=sys.stderr, flush=True)
         raise SystemExit(failure.exit_code) from None
-    return namedtuple("WaitOutputs", ["state", "duration_seconds"])(
-        result.state, result.duration_seconds
+    return namedtuple("WaitOutputs", ["state", "duration_seconds", "checkpoint_dir"])(
+        result.state, result.duration_seconds, checkpoint_dir
     )
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def delete_trainjob(
+    run_name: str,
+    status: dsl.PipelineTaskFinalStatus,
+    backend: str = "trainer",
+    namespace: str = "",
+):
+    """The exit handler's clean-up (``dsl.ExitHandler``): unless the run succeeded, delete, in
+    the background, the job the launch step created for ``run_name``, if there is one. KFP's
+    launcher passes no signal on to a stopped run's wait step, so without this a failed or
+    stopped run would leave its training running. The same road as `kubetrain delete
+    --run-name RUN --ignore-not-found`, the Argo workflow's exit handler."""
+    from kubetrain.backends import BackendOptions
+    from kubetrain.components.wait_trainjob.wait import delete_run_job
+
+    if status.state == "SUCCEEDED":
+        print("the run succeeded: its job ended by itself; nothing to delete")
+        return
+    outcome = delete_run_job(run_name, backend=backend, options=BackendOptions(namespace=namespace))
+    print(f"the run ended {status.state}: {outcome}")

@@ -37,6 +37,8 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
             inputs("on_cancel"),
             "--stall-timeout",
             inputs("stall_timeout_seconds"),
+            "--unschedulable-grace-seconds",
+            inputs("unschedulable_grace_seconds"),
         ],  # fmt: skip
         [
             input_parameter("job_name", "the job launch created"),
@@ -48,6 +50,12 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
                 "stall_timeout_seconds",
                 "stop a job that logs nothing this long while running (exit 3); 0 = never",
                 "1800",
+            ),
+            input_parameter(
+                "unschedulable_grace_seconds",
+                "fail after a node pod is unschedulable this long; auto = 300, no limit for a "
+                "gang runtime; 0 or empty = no limit",
+                "auto",
             ),
         ],
         [

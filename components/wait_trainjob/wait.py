@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
 from kubetrain.backends.torchrun_report import root_cause
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
+from kubetrain.names import derive_job_name
 
 FAILURE_LOG_LINES = 20
 #: A running job silent this long is stalled (0 turns the check off). Generous: a slow epoch
@@ -20,6 +21,8 @@ FAILURE_LOG_LINES = 20
 #: epoch); a stopped rank otherwise meets only torch's collective timeout (30 minutes for gloo),
 #: and hangs outside a collective meet none.
 DEFAULT_STALL_TIMEOUT_SECONDS = 1800.0
+#: ``--unschedulable-grace-seconds`` left to the runtime: 300 s, no limit for a gang runtime.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,49 @@ def last_log_lines(
         return []
 
 
+def unschedulable_grace(text: str | float | None) -> float | None:
+    """``--unschedulable-grace-seconds`` as every face gives it: "auto" (or None: 300 s, no
+    limit for a gang runtime), "" or 0 (no limit), or seconds."""
+    if text is None or text == AUTO:
+        return None
+    if text == "":
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:  # NaN too
+        raise InvalidInput(
+            "unschedulable_grace_seconds",
+            f"{text!r} is not auto, empty or a finite 0 or more",
+            "use auto (300 s; no limit for a gang runtime), 0 or empty (no limit), or seconds",
+        )
+    return seconds
+
+
+def delete_run_job(
+    run_name: str,
+    backend: str = "trainer",
+    options: BackendOptions | None = None,
+    ignore_not_found: bool = True,
+) -> str:
+    """Delete the job the launch step created for pipeline run ``run_name`` (its name derives
+    from the run: ``derive_job_name``) and say what was done: the exit handler's clean-up when
+    a run fails or is stopped, whether or not launch got as far as creating the job
+    (``ignore_not_found``). `kubetrain delete --run-name` and the KFP ``delete_trainjob``
+    component both come here."""
+    if not run_name:
+        raise InvalidInput("run_name", "is empty", "pass the run_name the launch step was given")
+    name = derive_job_name(run_name)
+    try:
+        get_backend(backend, options).delete(name)
+    except JobNotFound as missing:
+        if not ignore_not_found:
+            raise
+        return f"{name}: {missing}"
+    return f"deleted {name}"
+
+
 def wait_for_job(
     job_name: str,
     backend: str = "local",
@@ -75,8 +121,8 @@ def wait_for_job(
 ) -> WaitResult:
     """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none.
     A job running with no new log line for ``stall_timeout_seconds`` (0 = never) is stopped and
-    reported as ``JobStalled`` (exit 3). ``options`` (namespace, what to do on cancel) matter
-    to the cluster backends."""
+    reported as ``JobStalled`` (exit 3). ``options`` (namespace, what to do on cancel, how long
+    a node may stay unschedulable) matter to the cluster backends."""
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
     for field, seconds in (("timeout", timeout_seconds), ("stall_timeout", stall_timeout_seconds)):

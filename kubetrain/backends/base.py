@@ -3,6 +3,7 @@ options that say how to reach a cluster."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -13,6 +14,8 @@ from kubetrain.jobspec import TrainJobSpec
 BACKENDS = ("local", "trainer", "job")
 TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
 CANCEL_ACTIONS = ("delete", "suspend")
+#: How long a node pod may stay Unschedulable by default (not for gang runtimes).
+UNSCHEDULABLE_GRACE_SECONDS = 300.0
 
 # The states a TrainJob goes through; Kubeflow Trainer reports Complete/Failed conditions.
 CREATED, RUNNING, COMPLETE, FAILED = "Created", "Running", "Complete", "Failed"
@@ -93,11 +96,17 @@ class Backend(Protocol):
 class BackendOptions:
     """How to reach the cluster; ignored by the local backend."""
 
-    namespace: str = "default"
+    #: Empty: the namespace we run in (a step's pod's own, else the kubeconfig context's, else
+    #: default; ``client.resolve_namespace``).
+    namespace: str = ""
     #: Which TrainJob form to render: "auto" reads the CRD installed on the cluster.
     trainer_version: str = "auto"
     #: What `wait` does to the job when it is cancelled (SIGTERM).
     on_cancel: str = "delete"
+    #: How long `wait` lets a node pod stay Unschedulable before it fails the job: None is
+    #: UNSCHEDULABLE_GRACE_SECONDS, or no limit for a gang runtime (its pods wait for the whole
+    #: group); 0 is no limit (a cluster autoscaler, a queue).
+    unschedulable_grace: float | None = None
 
     def validate(self) -> BackendOptions:
         if self.trainer_version not in TRAINER_VERSIONS:
@@ -109,5 +118,12 @@ class BackendOptions:
         if self.on_cancel not in CANCEL_ACTIONS:
             raise InvalidInput(
                 "on_cancel", f"{self.on_cancel!r} is unknown", "use delete or suspend"
+            )
+        grace = self.unschedulable_grace
+        if grace is not None and not 0 <= grace < math.inf:  # NaN too
+            raise InvalidInput(
+                "unschedulable_grace_seconds",
+                f"{grace} is not a finite 0 or more",
+                "use 0 (no limit) or more seconds, or leave it out (auto)",
             )
         return self

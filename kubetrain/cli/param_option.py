@@ -101,6 +101,13 @@ def _location(text: str, field: str) -> None:
     storage.check_protocol(text, field)
 
 
+def _unschedulable_grace(text: str, field: str) -> None:
+    """What wait's ``unschedulable_grace`` reads: auto, empty, or 0 or more seconds."""
+    from kubetrain.components.wait_trainjob.wait import unschedulable_grace  # not for --help
+
+    unschedulable_grace(text)
+
+
 # What the steps accept for the pipeline's and the workflow's parameters. A value a step would
 # refuse is refused when the run is submitted, before the steps before it spend time and write
 # outputs.
@@ -117,7 +124,8 @@ VALUE_RULES: dict[str, Rule] = {
     "backend": _one_of("local", "trainer", "job"),
     "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
     "runtime": _text(rules.dns1123_subdomain, DEFAULT_RUNTIME),
-    "namespace": _text(rules.namespace, "default"),
+    # Empty: the namespace the step's pod runs in (the run's).
+    "namespace": _text(rules.namespace, "default", optional=True),
     "cpu": _text(rules.quantity, "2", optional=True),
     "memory": _text(rules.quantity, "4Gi", optional=True),
     "service_account": _text(rules.dns1123_subdomain, "kubetrain", optional=True),
@@ -132,6 +140,7 @@ VALUE_RULES: dict[str, Rule] = {
     "wait_timeout_seconds": _within(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
     "stall_timeout_seconds": _within(lambda v: v >= 0, "0 (never) or more seconds", "1800"),
     "on_cancel": _one_of("delete", "suspend"),
+    "unschedulable_grace_seconds": Rule(_unschedulable_grace, "auto"),
     "export": _one_of("none", "torch-export", "torchscript"),
 }
 

@@ -27,10 +27,12 @@ def render_job(
     namespace: str,
     trainer_version: str,
     owner: dict[str, str] | None = None,
+    runtime_resources: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of ``spec``'s job on ``backend`` (trainer: a TrainJob; job: a headless
     Service + Indexed Job), in creation order, the job's own object last: a shipped script's
-    ConfigMap first. The one list both `kubetrain render` prints and the backend creates."""
+    ConfigMap first. The one list both `kubetrain render` prints and the backend creates;
+    ``runtime_resources``: the runtime's node container's, when known (``render_trainjob``)."""
     from kubetrain.render.indexed_job import render_indexed_job
     from kubetrain.render.script import render_script_configmap
     from kubetrain.render.trainjob import render_trainjob
@@ -40,7 +42,13 @@ def render_job(
         rendered.append(render_script_configmap(spec, namespace, owner=owner))
     if backend == "trainer":
         rendered.append(
-            render_trainjob(spec, namespace=namespace, trainer_version=trainer_version, owner=owner)
+            render_trainjob(
+                spec,
+                namespace=namespace,
+                trainer_version=trainer_version,
+                owner=owner,
+                runtime_resources=runtime_resources,
+            )
         )
     else:
         rendered += render_indexed_job(spec, namespace=namespace, owner=owner)

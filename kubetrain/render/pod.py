@@ -23,7 +23,7 @@ NON_ROOT_UID = 10001
 
 def pod_security_context() -> dict[str, Any]:
     """Non-root, its files on shared volumes owned by our group, the runtime's seccomp
-    profile (as in runtimes/*.yaml)."""
+    profile (as in our runtimes, `kubetrain render runtimes`)."""
     return {
         "runAsNonRoot": True,
         "runAsUser": NON_ROOT_UID,

@@ -62,6 +62,7 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_training_runtime_spec_patch im
     TrainerV1alpha1TrainingRuntimeSpecPatch,
 )
 
+from kubetrain import rules
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Initializer, TrainJobSpec
 from kubetrain.render import pod
@@ -84,6 +85,11 @@ RENDERED_VERSIONS = ("2.1", "2.2", "2.3")
 LATEST_VERSION = "2.3"
 #: Trainer versions whose TrainJob has podTemplateOverrides instead of runtimePatches.
 POD_TEMPLATE_OVERRIDE_VERSIONS = ("2.1",)
+#: Trainer versions that replace the runtime's node resources with resourcesPerNode instead of
+#: merging them (trainer v2.2.0 ``pkg/runtime/core/trainingruntime.go``: ``Resources =
+#: *trainJob.Spec.Trainer.ResourcesPerNode.DeepCopy()``; v2.3.0 merges them with
+#: ``MergeResourceRequirements``, a strategic merge of the two maps).
+REPLACING_RESOURCES_VERSIONS = ("2.1", "2.2")
 
 
 def render_trainjob(
@@ -92,10 +98,16 @@ def render_trainjob(
     namespace: str = "default",
     trainer_version: str = LATEST_VERSION,
     owner: dict[str, Any] | None = None,
+    runtime_resources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The TrainJob for ``spec`` as a plain dict (camelCase keys, no None values)."""
+    """The TrainJob for ``spec`` as a plain dict (camelCase keys, no None values).
+
+    ``runtime_resources`` are the runtime's for its node container: Trainer before 2.3
+    replaces them with ``resourcesPerNode``, so for those versions ours are rendered merged
+    into them (``--cpu`` on a GPU runtime keeps its GPU)."""
     spec = spec.validate()
     validate_namespace(namespace)
+    rules.jobset_pod_names(spec.name, spec.replicated_jobs(), "name")
     legacy = _check_version(trainer_version, spec)
     pod_patch = _pod_template_patch(spec)
     metadata = object_metadata(
@@ -113,7 +125,7 @@ def render_trainjob(
             runtime_ref=TrainerV1alpha1RuntimeRef(
                 name=spec.runtime.name, kind=spec.runtime.kind, api_group=RUNTIME_API_GROUP
             ),
-            trainer=_trainer(spec),
+            trainer=_trainer(spec, trainer_version, runtime_resources or {}),
             initializer=_initializer(spec),
             suspend=True if spec.suspend else None,
             active_deadline_seconds=spec.active_deadline_seconds,
@@ -148,13 +160,21 @@ def _check_version(trainer_version: str, spec: TrainJobSpec) -> bool:
     return legacy
 
 
-def _trainer(spec: TrainJobSpec) -> TrainerV1alpha1Trainer:
+def _trainer(
+    spec: TrainJobSpec, trainer_version: str, runtime_resources: dict[str, Any]
+) -> TrainerV1alpha1Trainer:
     command, args = node_program(spec)
     resources = pod.resource_requirements(spec.resources_per_node)
+    if resources and trainer_version in REPLACING_RESOURCES_VERSIONS:
+        resources = merged_resources(runtime_resources, resources)
     return TrainerV1alpha1Trainer(
         image=spec.image,
         command=command,
-        args=args or None,
+        # Always a list, empty too: the JobSet builder keeps the runtime's args when the
+        # TrainJob's are nil (trainer v2.3.0 pkg/runtime/framework/plugins/jobset/builder.go
+        # Trainer: `if args := jobTrainer.Args; args != nil`), so `-- hostname` would run
+        # `hostname <the runtime's args>`.
+        args=list(args),
         env=[
             IoK8sApiCoreV1EnvVar.from_dict(e)
             for e in [*pod.env_list(spec.env), *pod.storage_secret_env(spec)]
@@ -166,6 +186,16 @@ def _trainer(spec: TrainJobSpec) -> TrainerV1alpha1Trainer:
         if resources
         else None,
     )
+
+
+def merged_resources(base: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """``ours`` over ``base`` key by key in requests and in limits, as Trainer v2.3's
+    ``MergeResourceRequirements`` (trainer v2.3.0 ``pkg/util/trainingruntime/
+    trainingruntime.go``, a strategic merge patch) does on the cluster."""
+    merged = {
+        key: {**(base.get(key) or {}), **(ours.get(key) or {})} for key in ("requests", "limits")
+    }
+    return {key: value for key, value in merged.items() if value}
 
 
 def _initializer(spec: TrainJobSpec) -> TrainerV1alpha1Initializer | None:

@@ -78,12 +78,22 @@ def rendered(options: list[str], capsys: pytest.CaptureFixture[str]) -> list[dic
     return list(yaml.safe_load_all(capsys.readouterr().out))
 
 
+#: What the API server defaults from the TrainJob CRD's schema (kubeflow/trainer v2.3.0
+#: manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml: spec.managedBy's and
+#: spec.suspend's defaults).
+SCHEMA_DEFAULTS = {"managedBy": "trainer.kubeflow.org/trainjob-controller", "suspend": False}
+
+
 def as_created(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored object without what the server added, to compare with what was rendered."""
     created = copy.deepcopy(stored)
     created.pop("status", None)
     for field in SERVER_FIELDS:
         created["metadata"].pop(field, None)
+    spec = created.get("spec") or {}
+    for field, default in SCHEMA_DEFAULTS.items():
+        if created["kind"] == "TrainJob" and spec.get(field) == default:
+            del spec[field]
     return created
 
 

@@ -10,7 +10,8 @@ exit code, ``logs`` reads the node pods, ``delete`` leaves nothing running. On t
   step already created when its spec is the same;
 * wait learns of completion from a watch event, not by polling; fails early, with the pod's
   events, on an image that cannot be pulled or a pod no node can take (after a grace period),
-  a crash loop or an out-of-memory kill; and on SIGTERM (a cancelled run) deletes or suspends
+  a crash loop or an out-of-memory kill (when the job may not restart), and with the job's
+  Warning event when it gets no pod at all; and on SIGTERM (a cancelled run) deletes or suspends
   the job (``BackendOptions.on_cancel``) before exiting 143;
 * 403s name the missing permission, 5xx answers and dropped connections are retried (with
   jitter, after the server's Retry-After); a DELETE whose answer was lost is not "not found".
@@ -27,15 +28,19 @@ from typing import Any
 
 import kubernetes.client
 
+from kubetrain import rules
 from kubetrain.backends import BackendOptions
 from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
 from kubetrain.backends.cancel import Cancelled, signals_cancel
 from kubetrain.backends.kubernetes.client import (
+    SERVICE_ACCOUNT_NAMESPACE_FILE,
     Action,
     ApiError,
     NotFound,
     RetryPolicy,
     load_api_client,
+    pod_namespace,
+    resolve_namespace,
 )
 from kubetrain.backends.kubernetes.kinds import KINDS, NODE, JobKind
 from kubetrain.backends.kubernetes.launch import (
@@ -43,6 +48,7 @@ from kubetrain.backends.kubernetes.launch import (
     adopt_or_refuse,
     check_runtime,
     create_or_adopt,
+    node_resources,
     trainer_version,
 )
 from kubetrain.backends.kubernetes.logs import split_lines
@@ -56,7 +62,14 @@ from kubetrain.backends.kubernetes.pods import (
     node_container,
     node_statuses,
 )
-from kubetrain.backends.kubernetes.wait import Stalled, WaitContext, WaitSession, timestamp
+from kubetrain.backends.kubernetes.wait import (
+    NO_PODS_GRACE_SECONDS,
+    Stalled,
+    WaitContext,
+    WaitSession,
+    event_time,
+    timestamp,
+)
 from kubetrain.backends.kubernetes.watch import WATCH_SECONDS
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
@@ -73,16 +86,14 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _event_time(event: kubernetes.client.CoreV1Event) -> float:
-    stamp = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
-    return stamp.timestamp() if stamp is not None else 0.0
-
-
 class KubernetesBackend:
     """``kind`` "trainer" (a TrainJob) or "job" (Indexed Job + Service), in
-    ``options.namespace``. The client is created on first use (from the pod's ServiceAccount or
-    KUBECONFIG) unless ``api_client`` is given; the grace periods say how long a node pod may
-    fail to pull its image / be unschedulable before the wait gives up."""
+    ``options.namespace`` (empty: the one we run in, ``resolve_namespace``, with the pod's
+    namespace read from ``namespace_file``). The client is created on first use (from the pod's
+    ServiceAccount or KUBECONFIG) unless ``api_client`` is given; the grace periods say how
+    long a node pod may fail to pull its image / be unschedulable (None: the options', see
+    ``BackendOptions.unschedulable_grace``) and how long a job may have no pod before the wait
+    looks for why and gives up."""
 
     def __init__(
         self,
@@ -92,7 +103,9 @@ class KubernetesBackend:
         *,
         retry: RetryPolicy | None = None,
         image_pull_grace: float = 60.0,
-        unschedulable_grace: float = 300.0,
+        unschedulable_grace: float | None = None,
+        no_pods_grace: float = NO_PODS_GRACE_SECONDS,
+        namespace_file: str = SERVICE_ACCOUNT_NAMESPACE_FILE,
         watch_seconds: int = WATCH_SECONDS,
         warn: Callable[[str], None] = _stderr,
     ) -> None:
@@ -103,13 +116,18 @@ class KubernetesBackend:
         self._api_client = api_client
         self.retry = retry or RetryPolicy()
         self.image_pull_grace = image_pull_grace
-        self.unschedulable_grace = unschedulable_grace
+        self.unschedulable_grace = (
+            self.options.unschedulable_grace if unschedulable_grace is None else unschedulable_grace
+        )
+        self.no_pods_grace = no_pods_grace
+        self.namespace_file = namespace_file
         self.watch_seconds = watch_seconds
         self.warn = warn
 
-    @property
+    @cached_property
     def namespace(self) -> str:
-        return self.options.namespace
+        """The namespace of the jobs: the option's, else the one we run in."""
+        return resolve_namespace(self.options.namespace, self.namespace_file)
 
     @cached_property
     def objects(self) -> KubeObjects:
@@ -126,6 +144,7 @@ class KubernetesBackend:
             image_pull_grace=self.image_pull_grace,
             unschedulable_grace=self.unschedulable_grace,
             warn=self.warn,
+            no_pods_grace=self.no_pods_grace,
         )
 
     def default_checkpoint_dir(self, name: str) -> str:
@@ -138,11 +157,14 @@ class KubernetesBackend:
         spec = spec.validate()
         namespace = validate_namespace(self.namespace)
         version = ""
+        runtime: dict[str, Any] = {}
         if self.kind.backend == "trainer":
+            # Before any request: JobSet could never name this job's pods.
+            rules.jobset_pod_names(spec.name, spec.replicated_jobs(), "name")
             version = trainer_version(
                 self.objects, self.options.trainer_version, namespace, self.warn
             )
-            check_runtime(self.objects, spec, namespace, self.warn)
+            runtime = check_runtime(self.objects, spec, namespace, self.warn)
         elif spec.max_restarts:
             raise InvalidInput(
                 "max_restarts",
@@ -150,8 +172,10 @@ class KubernetesBackend:
                 "use --backend trainer with a runtime whose failurePolicy allows restarts, "
                 "or --max-restarts 0",
             )
-        owner = find_owner(self.objects, namespace, self.warn)
-        rendered = self.render(spec, version, owner)
+        owner = find_owner(
+            self.objects, namespace, self.warn, pod_namespace=pod_namespace(self.namespace_file)
+        )
+        rendered = self.render(spec, version, owner, node_resources(runtime))
         job = rendered[-1]
         try:
             existing = self.objects.get(job["apiVersion"], job["kind"], spec.name, namespace)
@@ -167,11 +191,18 @@ class KubernetesBackend:
         return spec.name
 
     def render(
-        self, spec: TrainJobSpec, trainer_version: str, owner: dict[str, str] | None
+        self,
+        spec: TrainJobSpec,
+        trainer_version: str,
+        owner: dict[str, str] | None,
+        runtime_resources: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Every object of the job, in creation order (the job's own object last): the same
-        list ``kubetrain render`` prints, from the one ``render_job``."""
-        return render_job(spec, self.kind.backend, self.namespace, trainer_version, owner)
+        list ``kubetrain render`` prints, from the one ``render_job``; ``runtime_resources``
+        are the runtime's node container's (what Trainer < 2.3 replaces)."""
+        return render_job(
+            spec, self.kind.backend, self.namespace, trainer_version, owner, runtime_resources
+        )
 
     # ------------------------------------------------------------------------ status
     def get_job(self, name: str) -> dict[str, Any]:
@@ -282,7 +313,7 @@ class KubernetesBackend:
         """A pod problem that will not go away (a wait session's ``WaitResult.problem``):
         explain it (events, last log lines), release the job so it holds no resources, and
         report it as Failed."""
-        events = self.pod_events(problem.pod)
+        events = self.pod_events(problem.pod) if problem.pod else ""
         tail = self.read_log(problem.pod, FAILURE_LOG_LINES) if problem.exit_code else []
         outcome = self.release(name)
         message = problem.message
@@ -309,7 +340,7 @@ class KubernetesBackend:
             )
         except ApiError:
             return ""
-        events = sorted(listing.items, key=_event_time)
+        events = sorted(listing.items, key=event_time)
         return "; ".join(f"{e.reason}: {e.message}" for e in events[-EVENTS_SHOWN:])
 
     # -------------------------------------------------------------------------- logs
@@ -404,12 +435,16 @@ class KubernetesBackend:
 
     # ------------------------------------------------------------------------ delete
     def delete(self, name: str) -> None:
-        """The job (its pods go with it: foreground deletion), then its Service and script
-        ConfigMap when they are ours."""
+        """The job, then its Service and script ConfigMap when they are ours. In the
+        background: the garbage collector removes the JobSet and pods after the job is gone.
+        Foreground deletion keeps a TrainJob, deletionTimestamp set, while its JobSet goes,
+        and Trainer v2.3's reconcile has no deletionTimestamp guard, so it can build the
+        JobSet again (trainer v2.3.0 ``pkg/controller/trainjob_controller.go`` Reconcile; the
+        bug class of kubernetes-sigs/jobset#561)."""
         deleted = False
         try:
             self.objects.delete(
-                self.kind.api_version, self.kind.kind, name, self.namespace, "Foreground"
+                self.kind.api_version, self.kind.kind, name, self.namespace, "Background"
             )
             deleted = True
         except NotFound as missing:

@@ -23,13 +23,18 @@ T = TypeVar("T")
 
 #: What fixes a 403: the ServiceAccount and Role the steps are meant to run with.
 RBAC_FIX = (
-    "apply runtimes/rbac.yaml (`kubectl apply -k runtimes/`) and run as ServiceAccount kubetrain"
+    "grant it with `kubetrain render rbac --namespace NS | kubectl apply -f -` and run as the "
+    "ServiceAccount it binds"
 )
 RETRIABLE_STATUSES = (429, 500, 502, 503, 504)
 #: A kubeconfig larger than this is not one (they hold a few certificates and tokens).
 MAX_KUBECONFIG_BYTES = 16 * MIB
 #: Connection-level failures worth retrying (dropped connections, refused, timeouts).
 TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+#: Where the kubelet puts the namespace of the pod's ServiceAccount (so of the pod itself).
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: What kubectl uses when neither the pod nor the kubeconfig's context names a namespace.
+DEFAULT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,39 @@ def check_kubeconfig_files(paths: str) -> None:
             check_regular_file(
                 path, "KUBECONFIG", MAX_KUBECONFIG_BYTES, "set KUBECONFIG to a kubeconfig file"
             )
+
+
+def pod_namespace(service_account_file: str = SERVICE_ACCOUNT_NAMESPACE_FILE) -> str:
+    """The namespace of the pod we run in, from its ServiceAccount's namespace file; empty
+    outside a pod."""
+    try:
+        with open(service_account_file, encoding="utf-8") as file:
+            return file.read(254).strip()
+    except OSError:
+        return ""
+
+
+def resolve_namespace(
+    namespace: str, service_account_file: str = SERVICE_ACCOUNT_NAMESPACE_FILE
+) -> str:
+    """``namespace``, or when it is empty the one we run in, as kubectl finds it: the pod's own
+    (its ServiceAccount's namespace file: a pipeline step's pod runs in the run's namespace,
+    which KFP and Argo choose), else the kubeconfig's current context's, else ``default``."""
+    if namespace:
+        return namespace
+    in_pod = pod_namespace(service_account_file)
+    if in_pod:
+        return in_pod
+    config_file = os.environ.get("KUBECONFIG") or None
+    check_kubeconfig_files(
+        config_file or os.path.expanduser(kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION)
+    )
+    try:
+        _, current = kubernetes.config.list_kube_config_contexts(config_file=config_file)
+    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError, AttributeError):
+        return DEFAULT_NAMESPACE
+    context = (current or {}).get("context") or {}
+    return context.get("namespace") or DEFAULT_NAMESPACE
 
 
 def load_api_client() -> kubernetes.client.ApiClient:

@@ -11,11 +11,17 @@ from typing import Any
 
 from kubernetes.client import ApiextensionsV1Api
 
+from kubetrain import rules
 from kubetrain.backends.kubernetes.client import Action, AlreadyExists, NotFound, PermissionDenied
 from kubetrain.backends.kubernetes.kinds import TRAINER_API_VERSION, TRAINER_GROUP, TRAINJOB_CRD
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.errors import InvalidInput, KubetrainError
-from kubetrain.jobspec import TrainJobSpec
+from kubetrain.jobspec import (
+    DATASET_INITIALIZER_JOB,
+    MODEL_INITIALIZER_JOB,
+    NODE_JOB,
+    TrainJobSpec,
+)
 from kubetrain.render.metadata import (
     JOB_NAME_LABEL,
     SCRIPT_SHA256_ANNOTATION,
@@ -24,11 +30,17 @@ from kubetrain.render.metadata import (
 )
 from kubetrain.render.trainjob import LATEST_VERSION
 
+#: How our runtimes are installed (`kubetrain render runtimes` prints them from the package).
+RUNTIMES_INSTALL = "kubetrain render runtimes | kubectl apply -f -"
 TRAINER_INSTALL = (
     "install it (https://www.kubeflow.org/docs/components/trainer/operator-guides/installation/, "
-    "then `kubectl apply -k runtimes/`) or launch with --backend job (an Indexed Job + headless "
+    f"then `{RUNTIMES_INSTALL}`) or launch with --backend job (an Indexed Job + headless "
     "Service, no Trainer needed)"
 )
+#: The label that tells a runtime's replicated jobs apart (trainer v2.3.0
+#: ``pkg/constants/constants.go`` LabelTrainJobAncestor, AncestorTrainer).
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_TRAINER = "trainer"
 MAX_DIFFERENCES = 5
 
 
@@ -44,7 +56,10 @@ class TrainerNotInstalled(KubetrainError):
 
 
 def version_from_crd(crd: dict[str, Any], warn: Callable[[str], None]) -> str:
-    """The TrainJob form a CRD accepts: ``runtimePatches`` (v2.2+) or ``podTemplateOverrides``."""
+    """The TrainJob form a CRD accepts: ``runtimePatches`` (v2.2+) or ``podTemplateOverrides``;
+    v2.3's runtimePatches can also patch ``terminationGracePeriodSeconds``, v2.2's cannot
+    (kubeflow/trainer ``manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml`` at v2.2.0
+    and v2.3.0), which tells the versions that merge resources from those that replace them."""
     versions = [
         v
         for v in (crd.get("spec") or {}).get("versions") or []
@@ -54,7 +69,7 @@ def version_from_crd(crd: dict[str, Any], warn: Callable[[str], None]) -> str:
         raise TrainerNotInstalled(f"its CRD does not serve {TRAINER_GROUP}/{TRAINER_API_VERSION}")
     schema = json.dumps(versions[0].get("schema") or {})
     if '"runtimePatches"' in schema:
-        return LATEST_VERSION
+        return LATEST_VERSION if '"terminationGracePeriodSeconds"' in schema else "2.2"
     if '"podTemplateOverrides"' in schema:
         return "2.1"
     warn(
@@ -84,7 +99,8 @@ def trainer_version(
             warn(
                 f"kubetrain: cannot read the TrainJob CRD ({denied.action}), so the Trainer "
                 f"version is unknown; rendering the {LATEST_VERSION} form (pass "
-                "--trainer-version, or apply runtimes/rbac.yaml)"
+                "--trainer-version, or grant it: `kubetrain render rbac --namespace NS | "
+                "kubectl apply -f -`)"
             )
             return LATEST_VERSION
         return requested
@@ -142,49 +158,138 @@ def _runtime_names(objects: KubeObjects, namespace: str) -> list[str]:
     return sorted(names)
 
 
+def read_runtime(objects: KubeObjects, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """The ClusterTrainingRuntime or (in ``namespace``) TrainingRuntime ``name``; raises
+    NotFound as the API answers."""
+    cluster_scoped = kind == "ClusterTrainingRuntime"
+    plural = "clustertrainingruntimes" if cluster_scoped else "trainingruntimes"
+    action = Action("get", plural, TRAINER_GROUP, name, "" if cluster_scoped else namespace)
+    if cluster_scoped:
+        return objects.call(
+            action,
+            objects.custom.get_cluster_custom_object,
+            TRAINER_GROUP,
+            TRAINER_API_VERSION,
+            plural,
+            name,
+        )
+    return objects.call(
+        action,
+        objects.custom.get_namespaced_custom_object,
+        TRAINER_GROUP,
+        TRAINER_API_VERSION,
+        namespace,
+        plural,
+        name,
+    )
+
+
 def check_runtime(
     objects: KubeObjects, spec: TrainJobSpec, namespace: str, warn: Callable[[str], None]
-) -> None:
-    """The runtime the TrainJob refers to must exist (else say which ones do) and allow the
-    restarts the spec asks for."""
+) -> dict[str, Any]:
+    """The runtime the TrainJob refers to (returned) must exist (else say which ones do), have
+    the initializers the spec asks for, give pods names that fit, and allow the restarts the
+    spec asks for."""
     runtime = spec.runtime
-    cluster_scoped = runtime.kind == "ClusterTrainingRuntime"
-    plural = "clustertrainingruntimes" if cluster_scoped else "trainingruntimes"
-    action = Action("get", plural, TRAINER_GROUP, runtime.name, "" if cluster_scoped else namespace)
     try:
-        if cluster_scoped:
-            found = objects.call(
-                action,
-                objects.custom.get_cluster_custom_object,
-                TRAINER_GROUP,
-                TRAINER_API_VERSION,
-                plural,
-                runtime.name,
-            )
-        else:
-            found = objects.call(
-                action,
-                objects.custom.get_namespaced_custom_object,
-                TRAINER_GROUP,
-                TRAINER_API_VERSION,
-                namespace,
-                plural,
-                runtime.name,
-            )
+        found = read_runtime(objects, runtime.kind, runtime.name, namespace)
     except NotFound as missing:
+        cluster_scoped = runtime.kind == "ClusterTrainingRuntime"
         if missing.resource_missing:
+            plural = "clustertrainingruntimes" if cluster_scoped else "trainingruntimes"
             raise TrainerNotInstalled(f"no {plural} API") from None
         where = "" if cluster_scoped else f" in namespace {namespace}"
         existing = _runtime_names(objects, namespace)
         fix = (
             f"use one that exists with --runtime NAME (and --runtime-kind): {', '.join(existing)}"
             if existing
-            else "none exist: install ours with `kubectl apply -k runtimes/`"
+            else f"none exist: install ours with `{RUNTIMES_INSTALL}`"
         )
         raise InvalidInput(
             "runtime", f"there is no {runtime.kind} named {runtime.name!r}{where}", fix
         ) from None
+    check_initializers(found, spec)
+    rules.jobset_pod_names(spec.name, runtime_replicated_jobs(found, spec), "name")
     check_restarts(found, spec, warn)
+    return found
+
+
+def _replicated_jobs(runtime: dict[str, Any]) -> list[dict[str, Any]]:
+    jobset = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return list(jobset.get("replicatedJobs") or [])
+
+
+def _pod_spec(replicated_job: dict[str, Any]) -> dict[str, Any]:
+    job = (replicated_job.get("template") or {}).get("spec") or {}
+    return (job.get("template") or {}).get("spec") or {}
+
+
+def _is_trainer(replicated_job: dict[str, Any]) -> bool:
+    labels = ((replicated_job.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(ANCESTOR_LABEL) == ANCESTOR_TRAINER
+
+
+def runtime_replicated_jobs(
+    runtime: dict[str, Any], spec: TrainJobSpec
+) -> list[tuple[str, int, int]]:
+    """(name, replicas, completions) of every replicated job of the runtime's JobSet, as the
+    Trainer builds it: the trainer's job (label trainjob-ancestor-step: trainer) gets one
+    replica of ``numNodes`` pods (trainer v2.3.0 ``pkg/runtime/framework/plugins/jobset/
+    builder.go`` Trainer, ``pkg/runtime/core/trainingruntime.go``), the others what the
+    runtime says (1 when unset)."""
+    jobs = []
+    for job in _replicated_jobs(runtime):
+        name = job.get("name") or ""
+        if _is_trainer(job) or name == NODE_JOB:
+            jobs.append((name, 1, spec.num_nodes))
+        else:
+            completions = ((job.get("template") or {}).get("spec") or {}).get("completions")
+            jobs.append((name, int(job.get("replicas") or 1), int(completions or 1)))
+    return jobs or spec.replicated_jobs()
+
+
+def check_initializers(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
+    """A dataset or model to fetch needs a runtime with that initializer: a replicated job and
+    a container both named ``dataset-initializer`` (``model-initializer``), as trainer v2.3.0
+    ``pkg/runtime/framework/plugins/jobset/jobset.go`` Validate requires; refused here, before
+    anything is created, with the option that asked for it."""
+    containers = {
+        job.get("name"): {c.get("name") for c in _pod_spec(job).get("containers") or []}
+        for job in _replicated_jobs(runtime)
+    }
+    asked = (
+        (spec.dataset_initializer, DATASET_INITIALIZER_JOB, "dataset_uri", "--dataset-uri"),
+        (spec.model_initializer, MODEL_INITIALIZER_JOB, "model_uri", "--model-uri"),
+    )
+    for initializer, job, field, option in asked:
+        if initializer is None or job in containers.get(job, set()):
+            continue
+        problem = f"has no {job} job" if job not in containers else f"has no {job} container"
+        raise InvalidInput(
+            field,
+            f"{spec.runtime.kind} {spec.runtime.name} {problem}, so it cannot fetch "
+            f"{initializer.storage_uri}",
+            f"use a runtime with a {job} job (--runtime), or drop {option} and read the data "
+            "from a mounted volume",
+        )
+
+
+def node_resources(runtime: dict[str, Any]) -> dict[str, Any]:
+    """The runtime's resources for the ``node`` container of the trainer's job (empty when it
+    sets none)."""
+    for job in _replicated_jobs(runtime):
+        if _is_trainer(job) or job.get("name") == NODE_JOB:
+            for container in _pod_spec(job).get("containers") or []:
+                if container.get("name") == NODE_JOB:
+                    return dict(container.get("resources") or {})
+    return {}
+
+
+def is_gang(runtime: dict[str, Any]) -> bool:
+    """Whether the runtime schedules its pods as a gang (``spec.podGroupPolicy``: coscheduling
+    or Volcano, trainer v2.3.0 ``pkg/runtime/framework/plugins/coscheduling``, ``volcano``):
+    its pods wait, Unschedulable, until the whole group fits."""
+    return bool((runtime.get("spec") or {}).get("podGroupPolicy"))
 
 
 def check_restarts(

@@ -13,6 +13,8 @@ from kubetrain.backends.kubernetes.client import Action, RetryPolicy, call_with_
 
 #: Kinds served by the core API (typed CoreV1Api methods), by their method-name suffix.
 CORE_KINDS = {"ConfigMap": ("config_map", "configmaps"), "Service": ("service", "services")}
+#: What a create asks of the API server about unknown or duplicate fields (kubectl's default).
+FIELD_VALIDATION = "Strict"
 #: Kinds read through CustomObjectsApi (any API group), by plural.
 CUSTOM_PLURALS = {"TrainJob": "trainjobs", "Job": "jobs", "Workflow": "workflows"}
 
@@ -42,11 +44,16 @@ class KubeObjects:
         return obj if isinstance(obj, dict) else self.api_client.sanitize_for_serialization(obj)
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj`` with strict field validation, as kubectl does by default: a field the
+        schema does not have is refused, not silently pruned (a CRD's structural schema
+        would otherwise drop it and the job run without it)."""
         kind, namespace = obj["kind"], obj["metadata"]["namespace"]
         action = self._action("create", obj["apiVersion"], kind, obj["metadata"]["name"], namespace)
         if kind in CORE_KINDS:
             method = getattr(self.core, f"create_namespaced_{CORE_KINDS[kind][0]}")
-            return self.as_dict(self.call(action, method, namespace, obj))
+            return self.as_dict(
+                self.call(action, method, namespace, obj, field_validation=FIELD_VALIDATION)
+            )
         group, version = split_api_version(obj["apiVersion"])
         return self.call(
             action,
@@ -56,6 +63,7 @@ class KubeObjects:
             namespace,
             CUSTOM_PLURALS[kind],
             obj,
+            field_validation=FIELD_VALIDATION,
         )
 
     def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
@@ -94,11 +102,12 @@ class KubeObjects:
     def delete(
         self, api_version: str, kind: str, name: str, namespace: str, propagation: str
     ) -> None:
+        """Delete with ``propagation`` (Background, Foreground, Orphan) as the query parameter
+        DeleteOptions may be given as."""
         action = self._action("delete", api_version, kind, name, namespace)
-        options = {"propagationPolicy": propagation}
         if kind in CORE_KINDS:
             method = getattr(self.core, f"delete_namespaced_{CORE_KINDS[kind][0]}")
-            self.call(action, method, name, namespace, body=options)
+            self.call(action, method, name, namespace, propagation_policy=propagation)
             return
         group, version = split_api_version(api_version)
         self.call(
@@ -109,5 +118,5 @@ class KubeObjects:
             namespace,
             CUSTOM_PLURALS[kind],
             name,
-            body=options,
+            propagation_policy=propagation,
         )

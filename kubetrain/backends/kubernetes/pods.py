@@ -137,18 +137,22 @@ def first_failure(pods: Iterable[V1Pod]) -> tuple[int, int] | None:
 
 @dataclass(frozen=True)
 class PodProblem:
-    """Why a node pod will not get anywhere by itself; ``grace`` names the wait's grace period
-    it is given (``"image_pull"``, ``"unschedulable"``) or is empty to fail at once."""
+    """Why a job will not get anywhere by itself, mostly a node pod's problem (``pod`` is
+    empty, ``node`` None, for a job that got no pods at all); ``grace`` names the wait's grace
+    period it is given (``"image_pull"``, ``"unschedulable"``) or is empty to fail at once."""
 
     reason: str
     message: str
     pod: str
-    node: int
+    node: int | None
     grace: str = ""
     exit_code: int | None = None
 
 
-def diagnose(pod: V1Pod) -> PodProblem | None:
+def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
+    """The pod's problem, if it has one. An out-of-memory kill is one only when the job may
+    not restart (``restarts_allowed``: JobSet restarts every node after it, and the job's own
+    Failed condition says when the restarts run out)."""
     index = node_index(pod)
     if index is None:
         return None
@@ -190,7 +194,7 @@ def diagnose(pod: V1Pod) -> PodProblem | None:
         )
     for state in (status.state, status.last_state):
         ended = state.terminated if state is not None else None
-        if ended is not None and ended.reason == OOM:
+        if ended is not None and ended.reason == OOM and not restarts_allowed:
             return PodProblem(
                 OOM,
                 f"node {index} ran out of memory (OOMKilled, exit code {ended.exit_code}); "

@@ -14,7 +14,10 @@ settings), not the backend: the backend uses this module, so this module does no
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
+import math
 import queue
 import threading
 import time
@@ -24,10 +27,17 @@ from typing import Any
 
 from kubernetes.client import V1Pod
 
-from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.base import (
+    FAILED,
+    RUNNING,
+    TERMINAL_STATES,
+    UNSCHEDULABLE_GRACE_SECONDS,
+    JobStatus,
+)
 from kubetrain.backends.cancel import Cancelled, CancelRequest
-from kubetrain.backends.kubernetes.client import Action
+from kubetrain.backends.kubernetes.client import Action, ApiError
 from kubetrain.backends.kubernetes.kinds import JobKind
+from kubetrain.backends.kubernetes.launch import is_gang, read_runtime
 from kubetrain.backends.kubernetes.logs import LogFollower
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.backends.kubernetes.pods import (
@@ -41,6 +51,7 @@ from kubetrain.backends.kubernetes.pods import (
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
 from kubetrain.errors import KubetrainError
+from kubetrain.render.metadata import SPEC_ANNOTATION
 
 #: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
 TICK_SECONDS = 0.2
@@ -48,7 +59,22 @@ TICK_SECONDS = 0.2
 LOG_DRAIN_SECONDS = 15.0
 #: ... and when the wait fails early (a crash-looping node may keep restarting meanwhile).
 EARLY_FAILURE_DRAIN_SECONDS = 2.0
+#: How long a job may have no pod at all before the wait looks for why: the Trainer reports a
+#: JobSet it cannot build (a name JobSet refuses, a missing PodGroup CRD, a quota) only as a
+#: Warning event on the TrainJob, never as a condition (trainer v2.3.0
+#: ``pkg/controller/trainjob_controller.go`` Reconcile: TrainJobResourcesCreationFailed); the
+#: Job controller reports pods it cannot create as FailedCreate events on the Job.
+NO_PODS_GRACE_SECONDS = 120.0
+#: How often the job's events are read again while it still has no pod.
+NO_PODS_RECHECK_SECONDS = 10.0
 JOB, PODS = "job", "pods"
+
+
+def event_time(event: Any) -> float:
+    """When an event last happened (core/v1 events the new events API wrote carry only
+    ``eventTime``)."""
+    stamp = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
+    return stamp.timestamp() if stamp is not None else 0.0
 
 
 def timestamp(value: str | None) -> float:
@@ -72,21 +98,20 @@ class Stalled(Exception):
 class WaitContext:
     """What a wait needs of the backend, and no more: where the job is and the wait's
     settings (the grace periods a pod problem gets, how long one watch request lasts). The
-    API objects' retry policy is the one the watchers and log followers use."""
+    API objects' retry policy is the one the watchers and log followers use.
+
+    ``unschedulable_grace`` None is "auto": UNSCHEDULABLE_GRACE_SECONDS, or no limit when the
+    job's runtime schedules a gang; 0 is no limit. ``no_pods_grace``: how long a job may have
+    no pod at all before its Warning events are read for why."""
 
     objects: KubeObjects
     kind: JobKind
     namespace: str
     watch_seconds: int
     image_pull_grace: float
-    unschedulable_grace: float
+    unschedulable_grace: float | None
     warn: Callable[[str], None]
-
-    def grace_seconds(self, grace: str) -> float:
-        """How long a pod problem with this ``PodProblem.grace`` may last (0: none)."""
-        return {"image_pull": self.image_pull_grace, "unschedulable": self.unschedulable_grace}.get(
-            grace, 0.0
-        )
+    no_pods_grace: float = NO_PODS_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -132,6 +157,12 @@ class WaitSession:
         self.pods: dict[str, V1Pod] = {}
         self.failure: tuple[int, int] | None = None  # (node, exit code) of the first failure
         self.problem_since: dict[tuple[str, str], float] = {}
+        #: Since when the job has had no pod at all (None once it has one), and when its
+        #: events are to be read next.
+        self.no_pods_since: float | None = None
+        self.events_due = 0.0
+        self.no_pods_warned = False
+        self._unschedulable_grace: float | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
         self.followers: dict[int, LogFollower] = {}
         self.stall_timeout = stall_timeout
@@ -328,22 +359,138 @@ class WaitSession:
         return None
 
     def _problem(self) -> PodProblem | None:
-        """A pod problem that has outlasted its grace period."""
+        """A pod problem that has outlasted its grace period (said once when it starts, if it
+        has one), or the reason a job with no pod at all will get none."""
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         expired = None
+        restarts_allowed = self._restarts_allowed()
         for pod in latest_by_node(self.pods.values()).values():
-            problem = diagnose(pod)
+            problem = diagnose(pod, restarts_allowed)
             if problem is None:
                 continue
             key = (problem.pod, problem.reason)
             seen.add(key)
+            grace = self._grace_seconds(problem.grace)
+            if key not in self.problem_since and grace > 0:
+                self.context.warn(f"kubetrain: {problem.message}; {self._waiting(problem, grace)}")
             since = self.problem_since.setdefault(key, now)
-            if now - since >= self.context.grace_seconds(problem.grace) and expired is None:
+            if now - since >= grace and expired is None:
                 expired = problem
+                if grace > 0:
+                    message = f"{problem.message} (still after {grace:g}s)"
+                    expired = dataclasses.replace(problem, message=message)
         for key in set(self.problem_since) - seen:
             del self.problem_since[key]
-        return expired
+        return expired or self._no_pods_problem(now)
+
+    def _grace_seconds(self, grace: str) -> float:
+        """How long a pod problem with this ``PodProblem.grace`` may last (0: none; infinity:
+        no limit)."""
+        if grace == "image_pull":
+            return self.context.image_pull_grace
+        if grace == "unschedulable":
+            if self._unschedulable_grace is None:
+                self._unschedulable_grace = self._resolve_unschedulable_grace()
+            return self._unschedulable_grace
+        return 0.0
+
+    def _resolve_unschedulable_grace(self) -> float:
+        """The option, else no limit for a gang runtime, else UNSCHEDULABLE_GRACE_SECONDS."""
+        chosen = self.context.unschedulable_grace
+        if chosen is not None:
+            return chosen or math.inf
+        return math.inf if self._gang() else UNSCHEDULABLE_GRACE_SECONDS
+
+    def _gang(self) -> bool:
+        """Whether the TrainJob's runtime schedules a gang (best effort: a runtime we cannot
+        read counts as none)."""
+        if self.kind.backend != "trainer" or self.job is None:
+            return False
+        ref = (self.job.get("spec") or {}).get("runtimeRef") or {}
+        try:
+            runtime = read_runtime(
+                self.context.objects,
+                ref.get("kind") or "ClusterTrainingRuntime",
+                ref.get("name") or "",
+                self.namespace,
+            )
+        except ApiError:
+            return False
+        return is_gang(runtime)
+
+    def _waiting(self, problem: PodProblem, grace: float) -> str:
+        """What the wait does about a problem it gives time, for the line that says so."""
+        option = "--unschedulable-grace-seconds" if problem.grace == "unschedulable" else ""
+        if grace < math.inf:
+            limit = f" ({option})" if option else ""
+            return f"waiting up to {grace:g}s for it to clear{limit}"
+        why = (
+            "the runtime schedules a gang: its pods wait until the whole group fits"
+            if self.context.unschedulable_grace is None
+            else "no limit was set"
+        )
+        return f"waiting for it to clear with no time limit ({why}; {option} sets one)"
+
+    def _restarts_allowed(self) -> bool:
+        """Whether the job restarts its nodes after one fails (the spec kubetrain rendered
+        into it says so): then an out-of-memory kill is the runtime's to restart."""
+        annotations = ((self.job or {}).get("metadata") or {}).get("annotations") or {}
+        try:
+            spec = json.loads(annotations.get(SPEC_ANNOTATION) or "{}")
+        except ValueError:
+            return False
+        return isinstance(spec, dict) and bool(spec.get("max_restarts"))
+
+    def _no_pods_problem(self, now: float) -> PodProblem | None:
+        """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read
+        every NO_PODS_RECHECK_SECONDS); without one, it is said once and the wait goes on."""
+        state, reason, _ = self.kind.state(self.job or {})
+        if self.pods or reason == "Suspended":
+            self.no_pods_since = None
+            return None
+        if self.no_pods_since is None:
+            self.no_pods_since = now
+        waited = now - self.no_pods_since
+        if waited < self.context.no_pods_grace or now < self.events_due:
+            return None
+        self.events_due = now + NO_PODS_RECHECK_SECONDS
+        warning = self._latest_warning()
+        if warning is not None:
+            reason, message = warning
+            return PodProblem(
+                reason,
+                f"the {self.kind.kind} has no pods after {waited:.0f}s: {reason}: {message}",
+                "",
+                None,
+            )
+        if not self.no_pods_warned:
+            self.no_pods_warned = True
+            self.context.warn(
+                f"kubetrain: {self.kind.kind} {self.name} has no pods after {waited:.0f}s and "
+                f"no Warning event says why; still waiting (`kubectl describe "
+                f"{self.kind.plural} -n {self.namespace} {self.name}`)"
+            )
+        return None
+
+    def _latest_warning(self) -> tuple[str, str] | None:
+        """(reason, message) of the job's newest Warning event (best effort)."""
+        objects = self.context.objects
+        selector = f"involvedObject.kind={self.kind.kind},involvedObject.name={self.name}"
+        try:
+            listing = objects.call(
+                Action("list", "events", namespace=self.namespace),
+                objects.core.list_namespaced_event,
+                self.namespace,
+                field_selector=selector,
+            )
+        except ApiError:
+            return None
+        warnings = [event for event in listing.items if event.type == "Warning"]
+        if not warnings:
+            return None
+        latest = max(warnings, key=event_time)
+        return latest.reason or "", latest.message or ""
 
     def _catch_up_pods(self) -> None:
         """The job's end can arrive before its pods' (two watches): if a pod still looks

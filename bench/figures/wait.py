@@ -17,31 +17,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.core import BASELINES, KUBETRAIN, REPO, Row, Settings, Stats, bench_env, log
+from bench.core import BASELINES, KUBETRAIN, Row, Settings, Stats, bench_env, log
 from kubetrain.backends import BackendOptions
 from kubetrain.backends.kubernetes.backend import KubernetesBackend
-from kubetrain.jobspec import RuntimeRef, TrainJobSpec
+from kubetrain.jobspec import DEFAULT_RUNTIME, RuntimeRef, TrainJobSpec
+from kubetrain.render.manifests import runtime_manifests
 from tests.support import KubeEmulator, objects
 
 SDK_VENV = Path(__file__).resolve().parent.parent / ".sdk-venv"
 SDK_PACKAGE = "kubeflow"
 NAMESPACE = "default"
 IMAGE = "ghcr.io/example/trainer:1.0"
-# A real ClusterTrainingRuntime (ours): the SDK reads it on every poll and refuses a runtime
-# without the framework label, ML policy and replicated jobs. Its container resources are
-# dropped, as in Kubeflow's own torch-distributed: SDK 0.5 fails on memory-only limits.
-RUNTIME_FILE = REPO / "runtimes" / "torch-ddp-cpu.yaml"
 
 
 def sdk_readable_runtime() -> dict[str, Any]:
-    """runtimes/torch-ddp-cpu.yaml without container resources."""
-    runtime = yaml.safe_load(RUNTIME_FILE.read_text())
-    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
-        for container in job["template"]["spec"]["template"]["spec"]["containers"]:
-            container.pop("resources", None)
-    return runtime
+    """A real ClusterTrainingRuntime, ours (torch-ddp-cpu, as `kubetrain render runtimes`
+    prints it): the SDK reads it on every poll and refuses a runtime without the framework
+    label, ML policy and replicated jobs, or whose limits name no cpu/gpu."""
+    return next(r for r in runtime_manifests() if r["metadata"]["name"] == DEFAULT_RUNTIME)
 
 
 P50_TARGET_S = 0.1

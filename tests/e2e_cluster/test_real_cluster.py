@@ -2,7 +2,8 @@
 
 Runs the steps as a user would, through the CLI, against the cluster in $KUBECONFIG: prep,
 train, collect and evaluate each run as TrainJobs in our image on the shared PVC
-(`runtimes/`: the torch-ddp-cpu runtime, the kubetrain-shared claim and our RBAC).
+(`kubetrain render runtimes|rbac`: the torch-ddp-cpu runtime and our RBAC; the
+kubetrain-shared claim).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.skipif(
     os.environ.get("KUBETRAIN_E2E_CLUSTER") != "1",
     reason="real-cluster end to end is opt-in: run `make e2e-cluster` (needs KUBECONFIG, "
-    "Kubeflow Trainer and runtimes/ installed)",
+    "Kubeflow Trainer and `kubetrain render runtimes|rbac` applied)",
 )
 
 NAMESPACE = os.environ.get("KUBETRAIN_E2E_NAMESPACE", "default")

@@ -688,10 +688,10 @@ def test_the_rbac_scanner_finds_wildcards_and_secret_writes() -> None:
 
 @pytest.mark.security
 def test_every_role_in_the_repo_has_no_wildcards_and_writes_no_secrets() -> None:
-    """(tests/test_runtimes.py checks runtimes/rbac.yaml's Role and ClusterRole; this finds
+    """(tests/test_runtimes.py checks the packaged RBAC's Role and ClusterRole; this finds
     every Role/ClusterRole in any YAML file, so a new one cannot skip the rules.)"""
     roles = repo_roles()
-    assert any(where.startswith("runtimes/rbac.yaml") for where, _ in roles)
+    assert any(where.startswith("kubetrain/render/manifests/rbac.yaml") for where, _ in roles)
     assert [f for where, role in roles for f in rbac_findings(role, where)] == []
 
 

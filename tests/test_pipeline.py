@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kubetrain.cli import build_parser, main
 from kubetrain.cli.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES
+from kubetrain.names import derive_job_name
 from kubetrain.render.pod import STORAGE_ENV_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,20 +49,40 @@ def test_compile_writes_under_the_current_folder_not_the_package(fresh_compile):
     assert build_parser().parse_args(["compile"]).output_dir == Path("compiled")
 
 
+#: The pipeline's container steps: the body (in its exit handler), the gate and promote (in
+#: the gate's condition) and the exit handler's delete.
+STEPS = {
+    "dataset-prep",
+    "launch-trainjob",
+    "wait-trainjob",
+    "collect-checkpoint",
+    "evaluate-model",
+    "promotion-gate",
+    "promote-model",
+    "delete-trainjob",
+}
+
+
+def dag_tasks(
+    spec: pipeline_spec_pb2.PipelineSpec,
+) -> dict[str, pipeline_spec_pb2.PipelineTaskSpec]:
+    """Every task of the pipeline, in the root DAG or a nested one (exit handler, condition)."""
+    dags = [spec.root.dag, *(c.dag for c in spec.components.values() if c.HasField("dag"))]
+    return {name: task for dag in dags for name, task in dag.tasks.items()}
+
+
 def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
     documents = list(
-        yaml.safe_load_all((REPO / "pipelines/compiled/training_pipeline.yaml").read_text())
+        yaml.safe_load_all(
+            (fresh_compile / "pipelines/compiled/training_pipeline.yaml").read_text()
+        )
     )
     spec = json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
     assert spec.pipeline_info.name == "kubetrain-training"
-    assert set(spec.root.dag.tasks) == {
-        "dataset-prep",
-        "launch-trainjob",
-        "wait-trainjob",
-        "collect-checkpoint",
-        "evaluate-model",
-    }
-    assert "wait-trainjob" in spec.root.dag.tasks["collect-checkpoint"].dependent_tasks
+    tasks = dag_tasks(spec)
+    assert STEPS <= set(tasks)
+    assert {name.removeprefix("exec-") for name in spec.deployment_spec["executors"]} == STEPS
+    assert "wait-trainjob" in tasks["collect-checkpoint"].dependent_tasks
     for name in (
         "nodes",
         "procs_per_node",
@@ -72,6 +94,7 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
         "runtime",
         "accuracy_threshold",
         "dataset_source",
+        "model_registry",
     ):
         assert name in spec.root.input_definitions.parameters
     # on a cluster: storage credentials by Secret name only (optional), and no step as root
@@ -79,9 +102,11 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
     for step in ("dataset-prep", "collect-checkpoint", "evaluate-model"):
         (secret,) = platform[f"exec-{step}"]["secretAsEnv"]
         assert secret["optional"] is True
-        assert secret["secretNameParameter"] == {"componentInputParameter": "storage_secret"}
+        # the pipeline parameter, as the exit handler's DAG receives it
+        parameter = {"componentInputParameter": "pipelinechannel--storage_secret"}
+        assert secret["secretNameParameter"] == parameter
         assert [k["envVar"] for k in secret["keyToEnv"]] == list(STORAGE_ENV_KEYS)
-    for step in spec.root.dag.tasks:
+    for step in STEPS:
         context = platform[f"exec-{step}"]["securityContext"]
         assert context == {"runAsUser": "10001", "runAsGroup": "10001", "runAsNonRoot": True}
     # no step reinstalls kfp at run time
@@ -152,6 +177,18 @@ def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     # the training really ran as two nodes, each a torchrun of its own
     (job,) = (tmp_path / "jobs").iterdir()
     assert sorted(p.name for p in job.glob("node-*.log")) == ["node-0.log", "node-1.log"]
+    # Issue 17 (20): a passing model is promoted, behind the single-output gate, as version
+    # <run>: the run's resource name (issue 17 (7)), which names its job too; `kubetrain run`
+    # resolves it to the local runner's <pipeline>-<timestamp>.
+    promoted = Path(re.search(r"^promoted (\S+)", result.stdout, re.MULTILINE).group(1))
+    run_name = promoted.name
+    assert re.fullmatch(r"kubetrain-training(-\d+){7}", run_name), run_name
+    assert promoted == tmp_path / "runs" / "registry" / run_name
+    assert (promoted / "model.safetensors").is_file()
+    assert json.loads((promoted.parent / "PROMOTED").read_text())["version"] == run_name
+    assert job.name == derive_job_name(run_name)
+    # the exit handler ran and left the succeeded run's job alone
+    assert "the run succeeded: its job ended by itself" in result.stdout
 
 
 def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
@@ -159,3 +196,21 @@ def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
     result = run_pipeline(tmp_path, "--epochs", "1", "--threshold", "0.999", "--strategy", "fsdp")
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     assert "below threshold" in result.stdout
+    # the gate said no, so promote did not run (issue 17 (20))
+    assert "not promoting: the model did not pass the evaluation" in result.stdout
+    assert re.search(r"^promoted no ", result.stdout, re.MULTILINE)
+    assert not (tmp_path / "runs" / "registry").exists()
+
+
+def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path, monkeypatch):
+    """Issue 17 (5): the pipeline's dsl.ExitHandler deletes the job of a failed run (on a
+    cluster, a stopped one too: KFP's launcher passes no signal on to wait, kubeflow/pipelines
+    2.17.0 backend/src/v2/component/launcher_v2.go); KFP's local runner runs it (kfp 2.17
+    kfp/local/orchestrator/enhanced_dag_orchestrator.py)."""
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
+    result = run_pipeline(tmp_path, "--timeout", "1")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Inner task failed: " in result.stderr and "wait-trainjob" in result.stderr
+    deleted = re.search(r"the run ended FAILED: deleted (\S+)", result.stdout)
+    assert deleted, result.stdout[-3000:]
+    assert list((tmp_path / "jobs").iterdir()) == []

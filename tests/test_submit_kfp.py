@@ -113,6 +113,14 @@ def test_your_program_is_a_list_parameter(kfp_api):
     assert run["runtime_config"]["parameters"]["command"] == command
 
 
+def test_an_empty_namespace_is_the_runs_own(kfp_api):
+    """Issue 17 (2): the pipeline's `namespace` empty = the steps' own, where KFP runs them."""
+    host, received = kfp_api
+    assert submit("--host", host, "--param", "namespace=").returncode == 0
+    ((_, _, run),) = [r for r in received if r[0] == "POST" and "/runs" in r[1]]
+    assert run["runtime_config"]["parameters"] == {"namespace": ""}
+
+
 @pytest.mark.parametrize(
     ("param", "message"),
     [("gpus=2", "no parameter 'gpus'"), ("nodes=two", "nodes: 'two' is not a number_integer"),

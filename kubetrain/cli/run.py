@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import time
@@ -23,10 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help="run the whole pipeline on this machine (KFP local runner + local backend)",
         description=(
-            "Run prep → launch → wait → collect → evaluate with KFP's local runner; the training "
-            "job runs as real processes, one torchrun per node, with the PET_* environment "
-            "Kubeflow Trainer would inject. Ends with a summary: test accuracy, time, and where "
-            "the model and metrics are."
+            "Run prep → launch → wait → collect → evaluate → promote (when the model passes) "
+            "with KFP's local runner; the training job runs as real processes, one torchrun per "
+            "node, with the PET_* environment Kubeflow Trainer would inject. Ends with a "
+            "summary: test accuracy, time, and where the model, metrics and promoted model are."
         ),
     )
     parser.add_argument(
@@ -77,6 +78,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         default=Path("runs"),
         help="folder for the run's artifacts (KFP pipeline root); default ./runs",
+    )
+    parser.add_argument(
+        "--registry",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="model registry folder a passing model is promoted into (as version <run>); "
+        "default OUTPUT/registry",
     )
     parser.add_argument(
         "--storage",
@@ -170,11 +179,14 @@ def run(args: argparse.Namespace) -> int:
     # trainer's `torchrun` is looked up next to it.
     os.environ["PATH"] = program_path()
     pipeline_root = args.output.resolve()
+    registry = (args.registry or args.output / "registry").resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     started = time.monotonic()
-    with stopped_whole_on_interrupt(pipeline_root):
+    with stopped_whole_on_interrupt(pipeline_root), run_resource_name_resolved() as run_names:
         try:
-            outputs = training_pipeline(
+            training_pipeline(
+                # the job runs here, as processes the steps start, not on a cluster
+                backend="local",
                 dataset_source=args.dataset,
                 seed=args.seed,
                 nodes=args.nodes,
@@ -185,16 +197,20 @@ def run(args: argparse.Namespace) -> int:
                 lr=float(args.lr),
                 batch_size=args.batch_size,
                 accuracy_threshold=float(args.threshold),
+                model_registry=str(registry),
                 wait_timeout_seconds=float(args.timeout),
                 stall_timeout_seconds=float(args.stall_timeout),
                 storage=args.storage,
                 command=program(args),
                 script=str(Path(args.script).absolute()) if args.script else "",
-            ).outputs
+            )
         except RuntimeError as exc:
             raise KubetrainError(f"pipeline failed: {exc}") from exc
     elapsed = time.monotonic() - started
-    accuracy, passed = outputs["accuracy"], outputs["passed"]
+    (run_name,) = run_names
+    steps = pipeline_root / run_name
+    evaluation = step_parameters(steps, "evaluate-model")
+    accuracy, passed = evaluation["accuracy"], evaluation["passed"]
     verdict = "passed" if passed else "below threshold"
     print()
     training = (
@@ -206,10 +222,57 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
     print(f"time     {elapsed:.1f}s")
-    print(f"model    {storage.dereference(outputs['model'].path)}")
-    print(f"metrics  {outputs['metrics'].path}")
-    print(f"report   {publish_report(outputs['report'].path)}")
+    print(f"model    {storage.dereference(str(steps / 'collect-checkpoint' / 'model'))}")
+    print(f"metrics  {steps / 'evaluate-model' / 'metrics'}")
+    print(f"report   {publish_report(str(steps / 'evaluate-model' / 'report'))}")
+    promoted = (steps / "promote-model" / EXECUTOR_OUTPUT).is_file()
+    print(
+        f"promoted {step_parameters(steps, 'promote-model')['promoted_to']}"
+        if promoted
+        else "promoted no (see the promotion-gate step's log)"
+    )
     return 0 if passed else 3
+
+
+#: Where KFP's local runner keeps a step's outputs: <pipeline root>/<run>/<step>/ holds its
+#: artifacts by output name and this file with its parameters (kfp 2.17
+#: kfp/local/executor_input_utils.py construct_local_task_root, _EXECUTOR_OUTPUT_FILE).
+EXECUTOR_OUTPUT = "executor_output.json"
+
+
+def step_parameters(steps: Path, step: str) -> dict[str, Any]:
+    """The output parameters step ``step`` of the run in ``steps`` returned."""
+    return json.loads((steps / step / EXECUTOR_OUTPUT).read_text())["parameterValues"]
+
+
+@contextlib.contextmanager
+def run_resource_name_resolved() -> Iterator[set[str]]:
+    """Make KFP's local runner substitute ``dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER``, which
+    the pipeline names its job and folders by; yields the run names it substituted (one).
+
+    The runner substitutes the display-name placeholder only (kfp 2.17
+    kfp/local/placeholder_utils.py resolve_individual_placeholder) and fails on this one, which
+    it parses as an input's. It gets the value the runner gives the display-name placeholder,
+    ``<pipeline>-<timestamp>``: unique per run, as the run's Workflow name is on a cluster
+    (kubeflow/pipelines 2.17.0 backend/src/v2/driver/resolve.go)."""
+    from kfp import dsl
+    from kfp.local import placeholder_utils
+
+    resolve = placeholder_utils.resolve_individual_placeholder
+    run_names: set[str] = set()
+
+    def resolve_resource_name_too(element: str, **context: Any) -> Any:
+        run_name = context["pipeline_resource_name"]
+        run_names.add(run_name)
+        return resolve(
+            element.replace(dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER, run_name), **context
+        )
+
+    placeholder_utils.resolve_individual_placeholder = resolve_resource_name_too
+    try:
+        yield run_names
+    finally:
+        placeholder_utils.resolve_individual_placeholder = resolve
 
 
 #: Marks every process a `kubetrain run` starts (its steps, their training job), which inherit

@@ -92,6 +92,11 @@ PARAMETERS: dict[str, tuple[str, str]] = {
         "1800",
         "stop a running job that logs nothing for this many seconds (exit 3); 0 = never",
     ),
+    "unschedulable_grace_seconds": (
+        "auto",
+        "fail the wait step after a node pod is unschedulable this long (waiting for capacity "
+        "or a gang); auto = 300, no limit for a gang runtime; 0 or empty = no limit",
+    ),
     "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
     "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
@@ -244,6 +249,7 @@ def add_tasks(
                 "namespace": namespace,
                 "timeout_seconds": p("wait_timeout_seconds"),
                 "stall_timeout_seconds": p("stall_timeout_seconds"),
+                "unschedulable_grace_seconds": p("unschedulable_grace_seconds"),
                 "on_cancel": p("on_cancel"),
             },
         )

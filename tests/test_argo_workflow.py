@@ -273,3 +273,17 @@ def test_a_new_cli_option_without_the_template_fails_the_coverage_check():
     parser.add_argument("--compression", default="none")
     passed = options_passed(parser, TEMPLATES["collect"]())
     assert set(cli_options(parser)) - passed - LEFT_AT_DEFAULT["collect"] == {"compression"}
+
+
+@pytest.mark.parametrize("kind", ["Workflow", "WorkflowTemplate"])
+def test_the_unschedulable_grace_is_a_workflow_parameter(kind):
+    """Issue 17 (9): a gang job waiting for Volcano, or one waiting for the autoscaler, is
+    Unschedulable for minutes; the grace wait gives it is the run's choice on every face."""
+    document = build_training_workflow(kind).to_dict()
+    parameters = {p["name"]: p["value"] for p in document["spec"]["arguments"]["parameters"]}
+    assert parameters["unschedulable_grace_seconds"] == "auto"
+    wait = dag_tasks(document, document["spec"]["entrypoint"])["wait"]
+    arguments = {p["name"]: p["value"] for p in wait["arguments"]["parameters"]}
+    assert arguments["unschedulable_grace_seconds"] == (
+        "{{workflow.parameters.unschedulable_grace_seconds}}"
+    )

@@ -101,6 +101,18 @@ def test_an_exit_handler_deletes_the_trainjob_of_a_failed_or_stopped_run(pipelin
     assert executors["exec-delete-trainjob"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_unschedulable_grace_is_a_pipeline_parameter(pipeline):
+    """Issue 17 (9): how long wait lets a node pod stay Unschedulable (a gang waiting for
+    Volcano, a node for the autoscaler) is the run's choice; auto = 300 s, none for a gang."""
+    spec, _ = pipeline
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["unschedulable_grace_seconds"]["defaultValue"] == "auto"
+    wait = tasks_of(spec)["wait-trainjob"]["inputs"]["parameters"]
+    assert wait["unschedulable_grace_seconds"] == {
+        "componentInputParameter": "pipelinechannel--unschedulable_grace_seconds"
+    }
+
+
 def test_collect_takes_the_checkpoint_folder_from_wait(pipeline):
     """Issue 17 (18): from launch's output, collect ran beside the training on a cluster."""
     tasks = tasks_of(pipeline[0])

@@ -76,7 +76,11 @@ def training_pipeline(
     # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
     # A failed or stopped run deletes its job: KFP's launcher passes no signal on to the wait
     # step (kubeflow/pipelines 2.17.0 backend/src/v2/component/launcher_v2.go), so its
-    # on_cancel never runs there. The exit task runs after the body, whatever its outcome.
+    # on_cancel never runs there. The exit task runs after the body, whatever its outcome: KFP
+    # compiles it to an Argo exit hook of the body's DAG (backend/src/v2/compiler/argocompiler/
+    # dag.go), and stops a run by setting activeDeadlineSeconds to 0 (apiserver/resource/
+    # resource_manager.go TerminateWorkflow), a deadline Argo does not apply to exit hooks
+    # (argo-workflows v4.1.2 workflow/controller/exit_handler.go, exec_control.go).
     cleanup = delete_trainjob(run_name=RUN, backend=backend, namespace=namespace)
     cleanup.set_caching_options(False)
     with dsl.ExitHandler(cleanup):

@@ -18,6 +18,8 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kubetrain.cli import build_parser, main
 from kubetrain.cli.compile import ARGO_WORKFLOWS, COMPONENTS, PIPELINES
+from kubetrain.cli.run import check_local_runner
+from kubetrain.errors import KubetrainError
 from kubetrain.names import derive_job_name
 from kubetrain.render.pod import STORAGE_ENV_KEYS
 
@@ -214,3 +216,16 @@ def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path
     deleted = re.search(r"the run ended FAILED: deleted (\S+)", result.stdout)
     assert deleted, result.stdout[-3000:]
     assert list((tmp_path / "jobs").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kfp", "refused"), [("2.16.1", True), ("2.17.0", False), ("3.0.0", False)]
+)
+def test_kubetrain_run_needs_a_local_runner_that_runs_exit_handlers(kfp, refused):
+    """The pipeline's dsl.ExitHandler runs under kfp 2.17's local runner, not 2.14-2.16's
+    (kfp 2.17 kfp/local/pipeline_orchestrator.py has_exit_handler), which pyproject allows."""
+    if refused:
+        with pytest.raises(KubetrainError, match=r"kfp 2\.16\.1's local runner.*kfp>=2\.17"):
+            check_local_runner(kfp)
+    else:
+        check_local_runner(kfp)

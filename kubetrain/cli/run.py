@@ -160,6 +160,20 @@ def validate_arguments(args: argparse.Namespace) -> None:
         storage.resolve(args.storage, "--storage")
 
 
+#: The first kfp whose local runner runs a ``dsl.ExitHandler``, which the pipeline has (kfp 2.17
+#: kfp/local/pipeline_orchestrator.py has_exit_handler; 2.16's runs no exit task).
+LOCAL_EXIT_HANDLER_KFP = (2, 17)
+
+
+def check_local_runner(kfp_version: str) -> None:
+    """Refuse a kfp whose local runner cannot run the pipeline, before any step runs."""
+    if tuple(int(part) for part in kfp_version.split(".")[:2]) < LOCAL_EXIT_HANDLER_KFP:
+        raise KubetrainError(
+            f"kfp {kfp_version}'s local runner cannot run the pipeline's exit handler; "
+            "install kfp 2.17: pip install 'kfp>=2.17,<2.18'"
+        )
+
+
 def program(args: argparse.Namespace) -> list[str]:
     """The user's program given after ``--`` (empty: our trainer)."""
     return args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -167,6 +181,9 @@ def program(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     validate_arguments(args)  # before kfp is imported: a refusal is instant
+    from importlib import metadata
+
+    check_local_runner(metadata.version("kfp"))
     from kfp import local
 
     from kubetrain import storage

@@ -22,7 +22,11 @@ def apis(k8s):
 
 
 def trainjob(name: str, labels: dict | None = None) -> dict:
-    return {"kind": "TrainJob", "metadata": {"name": name, "labels": labels or {}}, "spec": {}}
+    return {
+        "kind": "TrainJob",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"runtimeRef": {"name": "torch-ddp-cpu"}},
+    }
 
 
 def test_server_owned_metadata_selectors_and_optimistic_concurrency(k8s, apis):

@@ -32,6 +32,20 @@ Differences from Argo worth knowing:
 * Backoff durations are not waited for; attempts are counted. A ``retryStrategy.expression``
   is evaluated after each failed attempt, as Argo's controller does (``argo_expr``).
 * Undeclared workflow arguments and task arguments a template does not declare are errors.
+
+What a step's process sees is what a main container gets: the host's environment (PATH, the
+test's variables) less any pod identity the host may hold (``POD_*``, ``KFP_POD_*``,
+``ARGO_*``, ``KUBETRAIN_OWNER_*``), then the template's ``env`` (``value``, or a downward-API
+``fieldRef`` resolved against the step's pod), then the variables Argo's controller appends to
+every container (argo-workflows v4.1.2 ``workflow/controller/workflowpod.go`` ``createWorkflowPod``:
+``ARGO_CONTAINER_NAME``, ``ARGO_NODE_ID``, ``ARGO_INCLUDE_SCRIPT_OUTPUT``, ``ARGO_DEADLINE``,
+``ARGO_WORKFLOW_NAME``; ``ARGO_POD_NAME``/``ARGO_POD_UID`` are the executor containers' only,
+``createEnvVars``). The pod is named as Argo names it (``workflow/util/pod_name.go``
+``GeneratePodName`` v2: ``<workflow>-<template>-<fnv32a(node name)>``; the node id is
+``<workflow>-<fnv32a(node name)>``). Given an ``emulator`` (``tests.support.KubeEmulator`` with
+the Workflow CRD installed), the Workflow is created there and every attempt's pod too, owned
+by the Workflow (controller reference) and labelled ``workflows.argoproj.io/workflow``, as the
+controller creates them, Running while the process runs, then Succeeded or Failed.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ import signal
 import string
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -82,7 +97,13 @@ TASK = {
 CONTAINER = {
     "command": ANY,
     "args": ANY,
-    "env": [{"name": ANY, "value": ANY}],
+    "env": [
+        {
+            "name": ANY,
+            "value": ANY,
+            "valueFrom": {"fieldRef": {"fieldPath": ANY, "apiVersion": ANY}},
+        }
+    ],
     "volumeMounts": [{"name": ANY, "mountPath": ANY, "readOnly": ANY}],
     # Accepted and ignored: there are no images, resource limits or pod security contexts
     # on this machine (steps run as the user running the harness).
@@ -141,6 +162,11 @@ DEFAULT_RETRY_POLICY = "OnFailure"  # Argo's default...
 DEFAULT_RETRY_POLICY_WITH_EXPRESSION = "Always"
 
 VARIABLE = re.compile(r"\{\{(.*?)\}\}")
+#: Host variables that would lend a step an identity no Argo pod has.
+POD_IDENTITY = ("POD_", "KFP_POD_", "ARGO_", "KUBETRAIN_OWNER_")
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+#: ``pb.getDeadline`` without an activeDeadlineSeconds: Go's zero time in RFC 3339.
+NO_DEADLINE = "0001-01-01T00:00:00Z"
 TASK_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]*")
 
 
@@ -193,10 +219,17 @@ class _Run:
     env: dict[str, str]
     task_timeout: float
     status: str | None = None  # {{workflow.status}}, set for the exit handler
+    emulator: Any = None  # tests.support.KubeEmulator holding the Workflow and step pods
+    workflow: dict[str, Any] | None = None  # the Workflow as stored there
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))  # {{workflow.uid}}
 
     def scope(self) -> dict[str, str]:
         """The ``workflow.*`` variables."""
-        scope = {"workflow.name": self.name, "workflow.namespace": self.namespace}
+        scope = {
+            "workflow.name": self.name,
+            "workflow.namespace": self.namespace,
+            "workflow.uid": self.uid,
+        }
         scope.update({f"workflow.parameters.{k}": v for k, v in self.parameters.items()})
         if self.status is not None:
             scope["workflow.status"] = self.status
@@ -212,9 +245,11 @@ def run_workflow(
     namespace: str = "default",
     env: dict[str, str] | None = None,
     task_timeout: float = 600,
+    emulator: Any = None,
 ) -> WorkflowRun:
     """Run ``document`` (a Workflow) to completion, exit handler included, as ``argo submit
-    -p NAME=VALUE`` of ``arguments`` would on a cluster."""
+    -p NAME=VALUE`` of ``arguments`` would on a cluster; with ``emulator``, the Workflow and
+    its pods exist there too."""
     check_supported(document)
     spec = document["spec"]
     name = name or workflow_name(document)
@@ -230,7 +265,13 @@ def run_workflow(
         volumes=volumes(spec, name, workdir),
         env=dict(env or {}),
         task_timeout=task_timeout,
+        emulator=emulator,
     )
+    if emulator is not None:
+        stored = {**document, "metadata": {**document.get("metadata", {}), "name": name}}
+        stored["metadata"].pop("generateName", None)
+        run.workflow = emulator.create("workflows", stored, namespace)
+        run.uid = run.workflow["metadata"]["uid"]
     nodes = run_dag(run, dag_template(templates, spec.get("entrypoint"), "spec.entrypoint"), "")
     phase = dag_phase(nodes)
     exit_nodes: dict[str, NodeResult] = {}
@@ -549,9 +590,10 @@ class ContainerNode:
         ]
         if not argv:
             raise UnsupportedArgoFeature(f"{self.where}.container", "no command: image entrypoint")
-        env = {**os.environ, **self.run.env}
-        for var in container.get("env", []):
-            env[var["name"]] = paths.host(substitute(var.get("value", ""), scope, self.where))
+        host_env = {
+            key: value for key, value in os.environ.items() if not key.startswith(POD_IDENTITY)
+        }
+        base_env = {**host_env, **self.run.env}
 
         if self.dir.exists():
             shutil.rmtree(self.dir)
@@ -564,7 +606,10 @@ class ContainerNode:
             for name, path in input_paths.items():
                 copy(artifacts[name], Path(paths.host(path)))
             started = time.monotonic()
+            pod = self.start_pod(self.node_name(attempt, "retryStrategy" in self.template))
+            env = {**base_env, **self.container_env(container, paths, scope, pod)}
             result.phase, result.exit_code = self.attempt(argv, env, attempt)
+            self.end_pod(pod, result.phase)
             if result.phase == SUCCEEDED:
                 result.phase = self.collect(result, paths, output_params, output_artifacts)
             if result.phase == SUCCEEDED or result.phase not in retried:
@@ -576,6 +621,75 @@ class ContainerNode:
             time.sleep(RETRY_PAUSE_SECONDS)
         result.log = self.log_path.read_text(errors="replace")
         return result
+
+    def node_name(self, attempt: int, retried: bool) -> str:
+        """Argo's node name of the attempt: ``<workflow>.<task path>``, ``(n)`` per retry."""
+        name = f"{self.run.name}.{self.node}"
+        return f"{name}({attempt - 1})" if retried else name
+
+    def start_pod(self, node_name: str) -> dict[str, Any]:
+        """The attempt's pod: named and owned as Argo's controller does; in the emulator when
+        the run has one (Running), else only its metadata."""
+        digest = fnv32a(node_name)
+        metadata: dict[str, Any] = {
+            "name": f"{self.run.name}-{self.template['name']}-{digest}",
+            "namespace": self.run.namespace,
+            "labels": {WORKFLOW_LABEL: self.run.name},
+            "annotations": {"workflows.argoproj.io/node-name": node_name},
+            "uid": "",
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": metadata,
+            "spec": {"containers": [{"name": "main", "image": "local"}]},
+            "node_id": f"{self.run.name}-{digest}",
+        }
+        if self.run.emulator is None or self.run.workflow is None:
+            return pod
+        workflow = self.run.workflow["metadata"]
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "Workflow",
+                "name": workflow["name"],
+                "uid": workflow["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        del metadata["uid"]
+        body = {key: value for key, value in pod.items() if key != "node_id"}
+        body["status"] = {"phase": "Running"}
+        created = self.run.emulator.create("pods", body, self.run.namespace)
+        return {**created, "node_id": pod["node_id"]}
+
+    def end_pod(self, pod: dict[str, Any], phase: str) -> None:
+        if self.run.emulator is not None and pod["metadata"].get("uid"):
+            ended = "Succeeded" if phase == SUCCEEDED else "Failed"
+            self.run.emulator.set_pod_status(
+                pod["metadata"]["name"], {"phase": ended}, pod["metadata"]["namespace"]
+            )
+
+    def container_env(
+        self, container: dict[str, Any], paths: PathMap, scope: dict[str, str], pod: dict[str, Any]
+    ) -> dict[str, str]:
+        """The template's env, then what Argo's controller appends to the main container."""
+        env: dict[str, str] = {}
+        scope = {**scope, "pod.name": pod["metadata"]["name"]}  # Argo's {{pod.name}}
+        for var in container.get("env", []):
+            if "valueFrom" in var:
+                env[var["name"]] = field_ref(pod, var["valueFrom"]["fieldRef"]["fieldPath"])
+            else:
+                env[var["name"]] = paths.host(substitute(var.get("value", ""), scope, self.where))
+        env.update(
+            ARGO_CONTAINER_NAME="main",
+            ARGO_NODE_ID=pod["node_id"],
+            ARGO_INCLUDE_SCRIPT_OUTPUT="false",
+            ARGO_DEADLINE=NO_DEADLINE,
+            ARGO_WORKFLOW_NAME=self.run.name,
+        )
+        return env
 
     def input_parameters(self, given: dict[str, str]) -> dict[str, str]:
         """``inputs.parameters.*``: the task's arguments, else the declared defaults."""
@@ -716,6 +830,27 @@ class ContainerNode:
         with open(self.log_path, "a") as log:
             log.write(f"--- {message}\n")
         return ERROR
+
+
+def fnv32a(text: str) -> int:
+    """Go's ``hash/fnv`` New32a sum, as Argo hashes node names."""
+    digest = 0x811C9DC5
+    for byte in text.encode():
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return digest
+
+
+def field_ref(pod: dict[str, Any], path: str) -> str:
+    """A downward-API ``fieldRef`` the way the kubelet resolves it for ``pod``."""
+    meta = pod["metadata"]
+    values = {
+        "metadata.name": meta.get("name", ""),
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""),
+    }
+    if path not in values:
+        raise UnsupportedArgoFeature("env.valueFrom.fieldRef", f"fieldPath {path!r}")
+    return values[path]
 
 
 def copy(source: Path, target: Path) -> None:

@@ -12,7 +12,11 @@ parsing, object store, discovery, HTTP server and reaction DSL (``api[...] << ..
   closed or expired by the test;
 * ``pods/log`` with ``follow``, ``previous``, ``tailLines``, ``sinceSeconds``, ``sinceTime``,
   ``timestamps``, and log rotation (``pod_logs``);
-* CRDs: creating one serves its resource, deleting it stops serving it;
+* CRDs: creating one serves its resource, deleting it stops serving it; custom resources are
+  pruned, defaulted and validated against the CRD's schema and CEL rules (``crd_schema``), with
+  ``?fieldValidation=Strict|Warn|Ignore`` as the real server;
+* admission webhooks (``admission``): callables that see a custom resource before it is stored
+  and may refuse it, as the Trainer's and JobSet's validating webhooks do;
 * a request log in RBAC terms and scripted faults (error statuses, with ``Retry-After`` if
   asked; dropped connections, before or after the request was carried out; watches that end
   at once);
@@ -28,6 +32,7 @@ import asyncio
 import bisect
 import copy
 import datetime
+import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -38,12 +43,15 @@ import attrs
 import jsonpatch
 import kmock
 
+from tests.support.crd_schema import SchemaAdmission, admissions_of
 from tests.support.faults import METHOD_VERBS, VERBS, Fault, FaultList, RequestRecord
 from tests.support.pod_logs import LogQuery, PodLogStore
 from tests.support.selectors import selector_matcher
 
 Key = tuple[kmock.resource, str | None, str]
 Hook = Callable[[kmock.resource, dict[str, Any]], None]
+#: (resource, new object, old object or None) -> raises ``api_error`` to refuse the request.
+Webhook = Callable[[kmock.resource, dict[str, Any], dict[str, Any] | None], None]
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 POD_RESOURCE = kmock.resource("", "v1", "pods")
@@ -122,6 +130,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
     faults: FaultList = attrs.field(factory=FaultList, init=False)
     logs: PodLogStore = attrs.field(factory=PodLogStore, init=False)
     hooks: list[Hook] = attrs.field(factory=list, init=False)
+    admission: list[Webhook] = attrs.field(factory=list, init=False)
+    schemas: dict[kmock.resource, SchemaAdmission] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
     _history: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(
@@ -302,7 +312,12 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     self.logs.terminate(key)
 
     def create_object(
-        self, resource: kmock.resource, namespace: str | None, body: dict[str, Any]
+        self,
+        resource: kmock.resource,
+        namespace: str | None,
+        body: dict[str, Any],
+        field_validation: str = "",
+        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
         info = self.info(resource)
         if not isinstance(body, dict):
@@ -331,17 +346,64 @@ class ClusterAPI(kmock.KubernetesEmulator):
         obj.setdefault("kind", info.kind)
         if "status" in info.subresources and resource != POD_RESOURCE:
             obj.pop("status", None)
+        obj = self.admit(resource, obj, None, field_validation, warnings)
         stored = self._store(key, obj, "ADDED")
         if resource == CRD_RESOURCE:
             self._serve_crd(stored)
         return stored
+
+    def admit(
+        self,
+        resource: kmock.resource,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        field_validation: str = "",
+        warnings: list[str] | None = None,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """A custom resource as the server stores it: pruned, defaulted, valid (else 400 for
+        unknown fields under Strict, 422 Invalid), then passed by the admission webhooks."""
+        admission = self.schemas.get(resource)
+        if admission is None:
+            return obj
+        result = admission.admit(obj, old)
+        name = obj["metadata"].get("name", "")
+        if result.unknown and field_validation == "Strict":
+            unknown = ", ".join(f'unknown field "{path}"' for path in result.unknown)
+            raise api_error(
+                400,
+                f'{admission.kind} in version "{admission.version}" cannot be handled as a '
+                f"{admission.kind}: strict decoding error: {unknown}",
+            )
+        if result.unknown and field_validation != "Ignore" and warnings is not None:
+            warnings.extend(f'unknown field "{path}"' for path in result.unknown)
+        if result.causes:
+            messages = [cause.message for cause in result.causes]
+            shown = messages[0] if len(messages) == 1 else f"[{', '.join(messages)}]"
+            raise api_error(
+                422,
+                f'{admission.kind}.{resource.group} "{name}" is invalid: {shown}',
+                name=name,
+                group=resource.group,
+                kind=admission.kind,
+                causes=[cause.as_dict() for cause in result.causes],
+            )
+        if subresource is None:  # webhooks are registered for the resource, not its status
+            for webhook in list(self.admission):
+                webhook(resource, obj, old)
+        return obj
 
     @staticmethod
     def group_version(resource: kmock.resource) -> str:
         return f"{resource.group}/{resource.version}" if resource.group else resource.version
 
     def write_object(
-        self, key: Key, new: dict[str, Any], subresource: str | None = None
+        self,
+        key: Key,
+        new: dict[str, Any],
+        subresource: str | None = None,
+        field_validation: str = "",
+        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
         """Store a new version of an existing object, keeping what the server owns."""
         resource = key[0]
@@ -366,6 +428,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             if owned in current["metadata"]:
                 meta[owned] = current["metadata"][owned]
         generation = current["metadata"].get("generation", 1)
+        new = self.admit(resource, new, current, field_validation, warnings, subresource)
         changed_spec = new.get("spec") != current.get("spec")
         meta["generation"] = generation + 1 if changed_spec else generation
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -374,7 +437,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
         return self._store(key, new, "MODIFIED")
 
     def patch_object(
-        self, key: Key, patch: Any, content_type: str = "", subresource: str | None = None
+        self,
+        key: Key,
+        patch: Any,
+        content_type: str = "",
+        subresource: str | None = None,
+        field_validation: str = "",
+        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
         current = self.require(key)
         if "json-patch" in content_type or isinstance(patch, list):
@@ -391,7 +460,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             new = merge_patch(copy.deepcopy(current), patch)
         # The merged object keeps the current resourceVersion unless the patch names one,
         # which then is a precondition checked by write_object.
-        return self.write_object(key, new, subresource)
+        return self.write_object(key, new, subresource, field_validation, warnings)
 
     def delete_object(self, key: Key, policy: str = "") -> dict[str, Any]:
         current = self.require(key)
@@ -449,8 +518,11 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 yield resource, info
 
     def _serve_crd(self, crd: dict[str, Any]) -> None:
+        admissions = admissions_of(crd)
         for resource, info in self._crd_resources(crd):
             self.resources[resource] = info
+            if resource.version in admissions:
+                self.schemas[resource] = admissions[resource.version]
 
     def _stop_serving_crd(self, crd: dict[str, Any]) -> None:
         for resource, _ in self._crd_resources(crd):
@@ -458,6 +530,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 self._drop(key, copy.deepcopy(self.objects[key].raw))
             if resource in self.resources:
                 del self.resources[resource]
+            self.schemas.pop(resource, None)
 
     # ----------------------------------------------------------------- HTTP fallbacks
     async def _serve_list(self, request: kmock.Request) -> dict[str, Any]:
@@ -483,21 +556,45 @@ class ClusterAPI(kmock.KubernetesEmulator):
         return copy.deepcopy(self.require(key))
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Response:
-        created = self.create_object(request.resource, request.namespace, request.data)
-        return kmock.Response(status=201, payload=created)
+        warnings: list[str] = []
+        created = self.create_object(
+            request.resource,
+            request.namespace,
+            request.data,
+            request.params.get("fieldValidation", ""),
+            warnings,
+        )
+        return kmock.Response(status=201, payload=created, headers=warning_header(warnings))
 
-    async def _serve_update(self, request: kmock.Request) -> dict[str, Any]:
+    async def _serve_update(self, request: kmock.Request) -> kmock.Response:
         key = self.key(request.resource, request.namespace, request.name)
         content_type = request.headers.get("Content-Type", "")
-        return self.patch_object(key, request.data, content_type, request.subresource)
+        warnings: list[str] = []
+        patched = self.patch_object(
+            key,
+            request.data,
+            content_type,
+            request.subresource,
+            request.params.get("fieldValidation", ""),
+            warnings,
+        )
+        return kmock.Response(status=200, payload=patched, headers=warning_header(warnings))
 
-    async def _serve_replace(self, request: kmock.Request) -> dict[str, Any]:
+    async def _serve_replace(self, request: kmock.Request) -> kmock.Response:
         if request.resource is None or not request.name:
             raise api_error(405, "the server does not allow this method on the requested resource")
         key = self.key(request.resource, request.namespace, request.name)
         if not isinstance(request.data, dict):
             raise api_error(400, "the body of the request was in an unknown format")
-        return self.write_object(key, copy.deepcopy(request.data), request.subresource)
+        warnings: list[str] = []
+        replaced = self.write_object(
+            key,
+            copy.deepcopy(request.data),
+            request.subresource,
+            request.params.get("fieldValidation", ""),
+            warnings,
+        )
+        return kmock.Response(status=200, payload=replaced, headers=warning_header(warnings))
 
     async def _serve_delete(self, request: kmock.Request) -> dict[str, Any]:
         key = self.key(request.resource, request.namespace, request.name)
@@ -625,6 +722,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
     @property
     def resource_version(self) -> int:
         return self._rv
+
+
+def warning_header(warnings: list[str]) -> dict[str, str]:
+    """The ``Warning`` header the server answers with (RFC 7234 code 299, one per warning)."""
+    if not warnings:
+        return {}
+    return {"Warning": ", ".join(f"299 - {json.dumps(text)}" for text in warnings)}
 
 
 def flag(params: dict[str, str], name: str) -> bool:

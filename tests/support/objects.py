@@ -1,13 +1,19 @@
 """Objects a cluster with Kubeflow Trainer holds, built for the emulator: the Trainer's CRDs
-(abridged schemas that keep what tells versions apart), a ``torch-distributed`` runtime, node
-pods labelled as JobSet and the Job controller label them, their statuses, and events."""
+(the real v2.3 ones from ../shared, whose schemas and CEL rules the emulator enforces; abridged
+ones that keep what tells older versions apart), a runtime shaped like the Trainer's
+``torch-distributed``, node pods labelled as JobSet and the Job controller label them, their
+statuses, and events."""
 
 from __future__ import annotations
 
+import copy
 import secrets
 from typing import Any
 
+import yaml
+
 from kubetrain.jobspec import DEFAULT_RUNTIME
+from tests.shared_material import SHARED
 from tests.support.kube_api import now_iso
 
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -19,6 +25,24 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_NAME = "batch.kubernetes.io/job-name"
 NODE_CONTAINER = "node"
 DEFAULT_IMAGE = "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+#: kubeflow/trainer v2.3.0 manifests/base/crds, vendored verbatim (see its SOURCE.txt).
+TRAINER_CRDS = SHARED / "schemas" / "kubeflow-trainer"
+_REAL_CRDS: dict[str, dict[str, Any]] = {}
+
+
+def real_trainer_crd(plural: str) -> dict[str, Any] | None:
+    """The Trainer v2.3 CRD of ``plural`` from ../shared (parsed once per process), or None
+    when ../shared is not checked out (the abridged CRD stands in then)."""
+    path = TRAINER_CRDS / f"{TRAINER_GROUP}_{plural}.yaml"
+    if plural not in _REAL_CRDS:
+        if not path.is_file():
+            return None
+        with open(path) as file:
+            _REAL_CRDS[plural] = yaml.load(
+                file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            )
+    return _REAL_CRDS[plural]
 
 
 def crd(
@@ -53,7 +77,14 @@ def crd(
                         "openAPIV3Schema": {
                             "type": "object",
                             "properties": {
-                                "spec": {"type": "object", "properties": spec_properties or {}},
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        name: _open(schema)
+                                        for name, schema in (spec_properties or {}).items()
+                                    },
+                                    "x-kubernetes-preserve-unknown-fields": not spec_properties,
+                                },
                                 "status": {
                                     "type": "object",
                                     "x-kubernetes-preserve-unknown-fields": True,
@@ -67,8 +98,21 @@ def crd(
     }
 
 
+def _open(schema: dict[str, Any]) -> dict[str, Any]:
+    """An abridged schema keeps whatever its objects hold (the emulator prunes by the schema)."""
+    if schema.get("type") == "object":
+        return {**schema, "x-kubernetes-preserve-unknown-fields": True}
+    if schema.get("type") == "array" and "items" in schema:
+        return {**schema, "items": _open(schema["items"])}
+    return schema
+
+
 def trainjob_crd(trainer_version: str = "2.3") -> dict[str, Any]:
-    """The TrainJob CRD; 2.2+ has ``runtimePatches`` in its schema, 2.1 ``podTemplateOverrides``."""
+    """The TrainJob CRD: the real one at 2.3; abridged for older shapes (2.2 has
+    ``runtimePatches`` in its schema, 2.1 ``podTemplateOverrides``)."""
+    real = real_trainer_crd("trainjobs") if trainer_version == "2.3" else None
+    if real is not None:
+        return real
     properties: dict[str, Any] = {
         "runtimeRef": {"type": "object"},
         "trainer": {"type": "object"},
@@ -86,6 +130,10 @@ def trainjob_crd(trainer_version: str = "2.3") -> dict[str, Any]:
 
 
 def runtime_crds() -> list[dict[str, Any]]:
+    """Both runtime CRDs: the real v2.3 ones, else abridged."""
+    real = [real_trainer_crd(p) for p in ("clustertrainingruntimes", "trainingruntimes")]
+    if all(crd is not None for crd in real):
+        return [crd for crd in real if crd is not None]
     template = {"mlPolicy": {"type": "object"}, "template": {"type": "object"}}
     return [
         crd(
@@ -104,8 +152,29 @@ def workflow_crd() -> dict[str, Any]:
     return crd("argoproj.io", "Workflow", "workflows", spec_properties={})
 
 
-def torch_runtime(name: str = DEFAULT_RUNTIME, namespace: str | None = None) -> dict[str, Any]:
-    """A runtime shaped like the Trainer's ``torch-distributed``: one ``node`` ReplicatedJob."""
+def torch_runtime(
+    name: str = DEFAULT_RUNTIME,
+    namespace: str | None = None,
+    *,
+    command: list[str] | None = None,
+    args: list[str] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    initializers: bool = False,
+) -> dict[str, Any]:
+    """A runtime shaped like the Trainer's ``torch-distributed`` (kubeflow/trainer v2.3.0
+    ``manifests/base/runtimes/torch_distributed.yaml``): one ``node`` ReplicatedJob labelled as
+    the trainer's ancestor, a ``node`` container; ``command``, ``args``, ``volumes`` and
+    ``mounts`` give the container the defaults a runtime such as ours sets; ``initializers``
+    adds ``dataset-initializer`` and ``model-initializer`` jobs before it, as in
+    ``manifests/base/runtimes/torch_distributed_with_cache.yaml``/the dataset-init example."""
+    container: dict[str, Any] = {"name": NODE_CONTAINER, "image": DEFAULT_IMAGE}
+    for key, value in (("command", command), ("args", args), ("volumeMounts", mounts)):
+        if value is not None:
+            container[key] = value
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if volumes is not None:
+        pod_spec["volumes"] = volumes
     metadata: dict[str, Any] = {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}}
     if namespace:
         metadata["namespace"] = namespace
@@ -114,30 +183,54 @@ def torch_runtime(name: str = DEFAULT_RUNTIME, namespace: str | None = None) -> 
         "kind": "TrainingRuntime" if namespace else "ClusterTrainingRuntime",
         "metadata": metadata,
         "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
+            "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {
                 "spec": {
                     "replicatedJobs": [
+                        *(initializer_jobs() if initializers else []),
                         {
                             "name": "node",
-                            "replicas": 1,
                             "template": {
-                                "spec": {
-                                    "template": {
-                                        "spec": {
-                                            "containers": [
-                                                {"name": NODE_CONTAINER, "image": DEFAULT_IMAGE}
-                                            ]
-                                        }
-                                    }
-                                }
+                                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                "spec": {"template": {"spec": pod_spec}},
                             },
-                        }
+                        },
                     ]
                 }
             },
         },
     }
+
+
+def initializer_jobs() -> list[dict[str, Any]]:
+    """The initializer ReplicatedJobs the Trainer's JobSet plugin checks for (kubeflow/trainer
+    v2.3.0 ``pkg/runtime/framework/plugins/jobset/jobset.go`` ``Validate``): a job and container
+    named after the step, mounting the ``initializer`` volume."""
+    return [
+        {
+            "name": step,
+            "template": {
+                "metadata": {"labels": {ANCESTOR_LABEL: step}},
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": step,
+                                    "image": f"ghcr.io/kubeflow/trainer/{step}",
+                                    "volumeMounts": [
+                                        {"name": "initializer", "mountPath": "/workspace"}
+                                    ],
+                                }
+                            ],
+                            "volumes": [{"name": "initializer", "emptyDir": {}}],
+                        }
+                    }
+                },
+            },
+        }
+        for step in ("dataset-initializer", "model-initializer")
+    ]
 
 
 def owner_reference(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
@@ -160,21 +253,31 @@ def node_pod(
     image: str = DEFAULT_IMAGE,
     owner: dict[str, Any] | None = None,
     name: str = "",
+    pod_spec: dict[str, Any] | None = None,
+    pod_labels: dict[str, str] | None = None,
+    replicated_job: str = NODE_CONTAINER,
 ) -> dict[str, Any]:
     """Node ``index`` of a job as its controller creates it: a Pending pod with the labels
-    JobSet (``kind="trainer"``) or the Job controller (``kind="job"``) put on it."""
+    JobSet (``kind="trainer"``; jobset v0.12.0 ``pkg/controllers/jobset_controller.go``
+    ``labelAndAnnotateObject``) or the Job controller (``kind="job"``) put on it. ``pod_spec``
+    and ``pod_labels`` are the template's (the fake Trainer's merged one), else a bare
+    ``node`` container running ``image``."""
     suffix = secrets.token_hex(3)[:5]
     if kind == "trainer":
+        job_name = f"{job}-{replicated_job}-0"
         labels = {
+            **(pod_labels or {}),
             JOBSET_NAME: job,
-            REPLICATED_JOB: "node",
+            REPLICATED_JOB: replicated_job,
             JOB_INDEX: "0",
+            "jobset.sigs.k8s.io/replicatedjob-replicas": "1",
+            "jobset.sigs.k8s.io/restart-attempt": "0",
             COMPLETION_INDEX: str(index),
-            JOB_NAME: f"{job}-node-0",
+            JOB_NAME: job_name,
             "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
         }
-        pod_name = name or f"{job}-node-0-{index}-{suffix}"
-        hostname, subdomain = f"{job}-node-0-{index}", job
+        pod_name = name or f"{job_name}-{index}-{suffix}"
+        hostname, subdomain = f"{job_name}-{index}", job
     else:
         labels = {JOB_NAME: job, "job-name": job, COMPLETION_INDEX: str(index)}
         pod_name = name or f"{job}-{index}-{suffix}"
@@ -187,16 +290,19 @@ def node_pod(
     }
     if owner is not None:
         metadata["ownerReferences"] = [owner_reference(owner)]
+    spec = (
+        copy.deepcopy(pod_spec)
+        if pod_spec is not None
+        else {
+            "containers": [{"name": NODE_CONTAINER, "image": image}],
+            "restartPolicy": "OnFailure",
+        }
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
-        "spec": {
-            "containers": [{"name": NODE_CONTAINER, "image": image}],
-            "restartPolicy": "OnFailure",
-            "hostname": hostname,
-            "subdomain": subdomain,
-        },
+        "spec": {**spec, "hostname": hostname, "subdomain": subdomain},
         "status": pod_status("Pending", [container_status(image, waiting("ContainerCreating"))]),
     }
 

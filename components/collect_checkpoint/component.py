@@ -17,7 +17,12 @@ def collect_checkpoint(
 ):
     """Verify the newest complete rank-0 checkpoint and publish it as model.safetensors.
 
-    With ``storage`` (an object-storage URL), the model goes to storage/models/<run_name> and
+    ``checkpoint_dir``: take it from wait_trainjob's ``checkpoint_dir`` output, which it
+    returns once the job is Complete; from launch's, this step would run beside the training
+    on a cluster.
+
+    With ``storage`` (an object-storage URL), the model goes to storage/models/<run_name> (pass
+    ``dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER``, unique per run) and
     ``model`` holds only a LOCATION pointer to it (its metadata ``uri`` names it too).
     ``export``: none, torch-export (model.pt2) or torchscript, published beside the model.
     ``model_factory``: package.module:callable building the model an export traces, needed

@@ -229,3 +229,17 @@ def test_kubetrain_run_needs_a_local_runner_that_runs_exit_handlers(kfp, refused
             check_local_runner(kfp)
     else:
         check_local_runner(kfp)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("registry", "message"),
+    [("s3://bucket/registry", "only local paths are supported yet"), ("", "is empty")],
+)
+def test_kubetrain_run_refuses_a_registry_promote_cannot_publish_to(tmp_path, registry, message):
+    """Refused before any step runs, not when promote runs after the training."""
+    result = run_pipeline(tmp_path, "--registry", registry)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("kubetrain run: error: --registry: ") and message in line
+    assert not (tmp_path / "runs").exists()

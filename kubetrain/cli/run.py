@@ -81,11 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--registry",
-        type=Path,
         default=None,
         metavar="DIR",
         help="model registry folder a passing model is promoted into (as version <run>); "
-        "default OUTPUT/registry",
+        "default OUTPUT/registry (a local folder or file:// URL)",
     )
     parser.add_argument(
         "--storage",
@@ -158,6 +157,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
         raise InvalidInput("--script", f"{args.script} is not a file", "give your script's path")
     if args.storage:
         storage.resolve(args.storage, "--storage")
+    registry_folder(args)  # promote publishes local folders only
 
 
 #: The first kfp whose local runner runs a ``dsl.ExitHandler``, which the pipeline has (kfp 2.17
@@ -172,6 +172,17 @@ def check_local_runner(kfp_version: str) -> None:
             f"kfp {kfp_version}'s local runner cannot run the pipeline's exit handler; "
             "install kfp 2.17: pip install 'kfp>=2.17,<2.18'"
         )
+
+
+def registry_folder(args: argparse.Namespace) -> Path:
+    """The model registry a passing model is promoted into: --registry, else OUTPUT/registry."""
+    from kubetrain.components.promote_model.promote import local_path
+
+    return (
+        local_path(args.registry, "--registry")
+        if args.registry is not None
+        else (args.output / "registry")
+    )
 
 
 def program(args: argparse.Namespace) -> list[str]:
@@ -196,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     # trainer's `torchrun` is looked up next to it.
     os.environ["PATH"] = program_path()
     pipeline_root = args.output.resolve()
-    registry = (args.registry or args.output / "registry").resolve()
+    registry = registry_folder(args).resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     started = time.monotonic()
     with stopped_whole_on_interrupt(pipeline_root), run_resource_name_resolved() as run_names:

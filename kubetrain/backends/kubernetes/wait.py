@@ -162,6 +162,8 @@ class WaitSession:
         self.no_pods_since: float | None = None
         self.events_due = 0.0
         self.no_pods_warned = False
+        #: The reasons of the pod problems already said (``_problem``).
+        self.problems_said: set[str] = set()
         self._unschedulable_grace: float | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
         self.followers: dict[int, LogFollower] = {}
@@ -359,8 +361,8 @@ class WaitSession:
         return None
 
     def _problem(self) -> PodProblem | None:
-        """A pod problem that has outlasted its grace period (said once when it starts, if it
-        has one), or the reason a job with no pod at all will get none."""
+        """A pod problem that has outlasted its grace period (said when the first of its reason
+        starts, if it has one), or the reason a job with no pod at all will get none."""
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         expired = None
@@ -372,7 +374,8 @@ class WaitSession:
             key = (problem.pod, problem.reason)
             seen.add(key)
             grace = self._grace_seconds(problem.grace)
-            if key not in self.problem_since and grace > 0:
+            if grace > 0 and problem.reason not in self.problems_said:
+                self.problems_said.add(problem.reason)  # once, not once per node
                 self.context.warn(f"kubetrain: {problem.message}; {self._waiting(problem, grace)}")
             since = self.problem_since.setdefault(key, now)
             if now - since >= grace and expired is None:
@@ -445,7 +448,7 @@ class WaitSession:
     def _no_pods_problem(self, now: float) -> PodProblem | None:
         """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read
         every NO_PODS_RECHECK_SECONDS); without one, it is said once and the wait goes on."""
-        state, reason, _ = self.kind.state(self.job or {})
+        _, reason, _ = self.kind.state(self.job or {})
         if self.pods or reason == "Suspended":
             self.no_pods_since = None
             return None

@@ -15,11 +15,12 @@ from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
 from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.user_files import read_user_file
 
-#: The ServiceAccount our RBAC creates and binds; KFP's own default (pipeline-runner, kubeflow/
+#: The ServiceAccount our RBAC creates and binds. KFP's own default (pipeline-runner, kubeflow/
 #: pipelines 2.17.0 backend/src/apiserver/common/const.go DefaultPipelineRunnerServiceAccount,
 #: or DEFAULTPIPELINERUNNERSERVICEACCOUNT=default-editor in multi-user installs,
-#: manifests/kustomize/base/installs/multi-user/api-service/params.env) has no rights in
-#: trainer.kubeflow.org.
+#: manifests/kustomize/base/installs/multi-user/api-service/params.env) has nothing in
+#: trainer.kubeflow.org from KFP (manifests/kustomize/base/pipeline/pipeline-runner-role.yaml),
+#: only what `kubetrain render rbac` binds to it.
 DEFAULT_RUN_SERVICE_ACCOUNT = "kubetrain"
 
 
@@ -82,8 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="ServiceAccount the run's steps run as, which needs the RBAC that creates and "
         f"watches TrainJobs; default {DEFAULT_RUN_SERVICE_ACCOUNT} (the account kubetrain's "
         "RBAC manifest creates and binds); '' = the KFP server's default (pipeline-runner, "
-        "default-editor in a multi-user profile), which cannot create TrainJobs unless you "
-        "bind it",
+        "default-editor in a multi-user profile), which can create TrainJobs only where "
+        "`kubetrain render rbac` has bound it",
     )
     kfp.add_argument(
         "--param",

@@ -469,3 +469,24 @@ def test_argo_steps_get_only_what_argo_injects_and_pods_owned_by_the_workflow(
     assert pod["metadata"]["uid"] == env["MY_UID"] and pod["status"]["phase"] == "Succeeded"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == workflow["metadata"]["uid"]
     assert pod["metadata"]["ownerReferences"][0]["controller"] is True
+
+
+def test_a_kfp_step_pod_is_owned_by_its_workflow_and_knows_only_its_name_and_uid(k8s):
+    """kubeflow/pipelines 2.17.0 backend/src/v2/compiler/argocompiler/common.go: KFP_POD_NAME
+    and KFP_POD_UID (downward API) are all the step's container gets of its pod."""
+    k8s.emulator.install_crd(objects.workflow_crd())
+    workflow = k8s.emulator.create(
+        "workflows",
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": "run-1"},
+            "spec": {},
+        },
+    )
+    pod = k8s.emulator.create_pod(objects.step_pod(workflow, "run-1-launch-1"))
+    assert objects.kfp_step_env(pod) == {
+        "KFP_POD_NAME": "run-1-launch-1",
+        "KFP_POD_UID": pod["metadata"]["uid"],
+    }
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == workflow["metadata"]["uid"]

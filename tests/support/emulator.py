@@ -296,12 +296,15 @@ class KubeEmulator:
         return self.create("customresourcedefinitions", crd)
 
     def install_trainer(self, version: str = "2.3", runtime: str = DEFAULT_RUNTIME) -> None:
-        """The Trainer's CRDs (TrainJob of ``version``, both runtime kinds) and one runtime."""
+        """The Trainer's CRDs (TrainJob of ``version``, both runtime kinds) and one runtime:
+        ours as the README installs it if the package ships it, else one shaped like the
+        Trainer's ``torch-distributed``."""
         self.install_crd(objects.trainjob_crd(version))
         for runtime_crd in objects.runtime_crds():
             self.install_crd(runtime_crd)
         if runtime:
-            self.create("clustertrainingruntimes", objects.torch_runtime(runtime))
+            body = objects.shipped_runtime(runtime) or objects.torch_runtime(runtime)
+            self.create("clustertrainingruntimes", body)
 
     # --------------------------------------------------------------------- faults
     def fail(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import secrets
+from importlib import resources
 from typing import Any
 
 import yaml
@@ -200,6 +201,15 @@ def torch_runtime(
             },
         },
     }
+
+
+def shipped_runtime(name: str = DEFAULT_RUNTIME) -> dict[str, Any] | None:
+    """Our runtime ``name`` as ``kubetrain render runtimes`` installs it (the package's
+    ``kubetrain/render/manifests``), or None if the package ships no such runtime."""
+    manifest = resources.files("kubetrain.render") / "manifests" / f"{name}.yaml"
+    if not manifest.is_file():
+        return None
+    return yaml.safe_load(manifest.read_text())
 
 
 def initializer_jobs() -> list[dict[str, Any]]:
@@ -407,3 +417,29 @@ def event(
         "lastTimestamp": now_iso(),
         "source": {"component": "kubelet"},
     }
+
+
+def step_pod(workflow: dict[str, Any], name: str) -> dict[str, Any]:
+    """A pipeline step's pod as Argo's controller creates it (KFP runs on Argo too): owned by
+    the Workflow (controller reference) and labelled with it (argo-workflows v4.1.2
+    ``workflow/controller/workflowpod.go``), its container ``main``."""
+    meta = workflow["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace", "default"),
+            "labels": {"workflows.argoproj.io/workflow": meta["name"]},
+            "ownerReferences": [owner_reference(workflow)],
+        },
+        "spec": {"containers": [{"name": "main", "image": DEFAULT_IMAGE}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def kfp_step_env(pod: dict[str, Any]) -> dict[str, str]:
+    """All a KFP step's container learns of its pod: KFP_POD_NAME and KFP_POD_UID by the
+    downward API (kubeflow/pipelines 2.17.0 ``backend/src/v2/compiler/argocompiler/common.go``
+    ``commonEnvs``); no namespace, no POD_NAME."""
+    return {"KFP_POD_NAME": pod["metadata"]["name"], "KFP_POD_UID": pod["metadata"]["uid"]}

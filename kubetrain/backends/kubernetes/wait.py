@@ -463,7 +463,8 @@ class WaitSession:
             reason, message = warning
             return PodProblem(
                 reason,
-                f"the {self.kind.kind} has no pods after {waited:.0f}s: {reason}: {message}",
+                f"the {self.kind.kind} has no pods after {waited:.0f}s; its Warning event "
+                f"{reason} says: {message}",
                 "",
                 None,
             )

@@ -87,8 +87,9 @@ LATEST_VERSION = "2.3"
 POD_TEMPLATE_OVERRIDE_VERSIONS = ("2.1",)
 #: Trainer versions that replace the runtime's node resources with resourcesPerNode instead of
 #: merging them (trainer v2.2.0 ``pkg/runtime/core/trainingruntime.go``: ``Resources =
-#: *trainJob.Spec.Trainer.ResourcesPerNode.DeepCopy()``; v2.3.0 merges them with
-#: ``MergeResourceRequirements``, a strategic merge of the two maps).
+#: *trainJob.Spec.Trainer.ResourcesPerNode.DeepCopy()``, and its
+#: ``pkg/runtime/framework/plugins/jobset/builder.go`` Trainer: ``WithResources``; v2.3.0
+#: merges them with ``MergeResourceRequirements``, a strategic merge of the two maps).
 REPLACING_RESOURCES_VERSIONS = ("2.1", "2.2")
 
 

@@ -33,7 +33,7 @@ format: setup
 	$(BIN)/ruff format .
 
 compile: setup
-	$(BIN)/kubetrain compile
+	$(BIN)/kubetrain compile --output-dir .
 
 # Benchmarks against real baselines (issue 6); writes bench/results.md and bench/results.json.
 # `$(BIN)/python -m bench --quick` runs each figure once with tiny sizes.

@@ -235,7 +235,10 @@ def test_four_pipeline_runs_at_once_share_nothing_by_accident(
     for job in jobs:
         assert LocalBackend().status(job.name).state == "Complete"
         assert "training complete" in (job / "node-0.log").read_text()
-    assert len({run_dir.name for run_dir in output.iterdir() if run_dir.is_dir()}) == 4
+    runs_dirs = {d.name for d in output.iterdir() if d.is_dir() and d.name != "registry"}
+    assert len(runs_dirs) == 4
+    # each run promoted its own version into the shared registry, none overwrote another's
+    assert len([v for v in (output / "registry").iterdir() if v.is_dir()]) == 4
 
 
 @pytest.mark.fault

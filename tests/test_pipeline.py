@@ -41,11 +41,43 @@ def fresh_compile(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.security
+def test_a_storage_secret_is_chosen_when_compiling_and_given_by_reference(tmp_path):
+    """Issue 17 (10): `kubetrain compile --storage-secret NAME` gives prep, collect and evaluate
+    the Secret's keys by reference (a constant name, never a run parameter that could render
+    ``secretKeyRef.name: ""``) and the TrainJob the same Secret through launch."""
+    assert main(["compile", "--output-dir", str(tmp_path), "--storage-secret", "team-s3"]) == 0
+    documents = list(
+        yaml.safe_load_all((tmp_path / "pipelines/compiled/training_pipeline.yaml").read_text())
+    )
+    platform = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for step in ("dataset-prep", "collect-checkpoint", "evaluate-model"):
+        (secret,) = platform[f"exec-{step}"]["secretAsEnv"]
+        assert secret["secretName"] == "team-s3" and secret["optional"] is True
+        assert [k["envVar"] for k in secret["keyToEnv"]] == list(STORAGE_ENV_KEYS)
+    launch = dag_tasks(json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec()))[
+        "launch-trainjob"
+    ]
+    assert launch.inputs.parameters["storage_secret"].runtime_value.constant.string_value == (
+        "team-s3"
+    )
+
+
+@pytest.mark.bad_input
+def test_a_bad_storage_secret_is_refused_when_compiling(tmp_path, capsys):
+    assert main(["compile", "--output-dir", str(tmp_path), "--storage-secret", "Team_S3"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--storage-secret" in line and "e.g. s3-creds" in line
+    assert not any(tmp_path.iterdir())
+
+
 def test_compile_writes_under_the_current_folder_not_the_package(fresh_compile):
     """Issue 17 (19): installed from a wheel, the package folder is site-packages; `kubetrain
     compile` with no --output-dir writes ./compiled (the fixture above) and says so."""
-    components = sorted(p.parent.name for p in fresh_compile.glob("components/*/component.yaml"))
-    assert components == sorted(COMPONENTS)
+    components = sorted(
+        f"{p.parent.name}/{p.name}" for p in fresh_compile.glob("components/*/*.yaml")
+    )
+    assert components == sorted(f"{step}/{filename}" for step, _, filename in COMPONENTS)
     pipelines = sorted(p.stem for p in fresh_compile.glob("pipelines/compiled/*.yaml"))
     assert pipelines == sorted([*PIPELINES, *ARGO_WORKFLOWS])
     assert build_parser().parse_args(["compile"]).output_dir == Path("compiled")
@@ -99,15 +131,10 @@ def test_compiled_pipeline_parses_into_pipeline_spec(fresh_compile):
         "model_registry",
     ):
         assert name in spec.root.input_definitions.parameters
-    # on a cluster: storage credentials by Secret name only (optional), and no step as root
+    # the default compile names no storage Secret: no step gets a secretKeyRef (issue 17 (10))
     platform = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    for step in ("dataset-prep", "collect-checkpoint", "evaluate-model"):
-        (secret,) = platform[f"exec-{step}"]["secretAsEnv"]
-        assert secret["optional"] is True
-        # the pipeline parameter, as the exit handler's DAG receives it
-        parameter = {"componentInputParameter": "pipelinechannel--storage_secret"}
-        assert secret["secretNameParameter"] == parameter
-        assert [k["envVar"] for k in secret["keyToEnv"]] == list(STORAGE_ENV_KEYS)
+    assert not [step for step, config in platform.items() if "secretAsEnv" in config]
+    assert "storage_secret" not in spec.root.input_definitions.parameters
     for step in STEPS:
         context = platform[f"exec-{step}"]["securityContext"]
         assert context == {"runAsUser": "10001", "runAsGroup": "10001", "runAsNonRoot": True}
@@ -126,10 +153,10 @@ def test_committed_yaml_is_not_stale(fresh_compile):
     ]
     pairs += [
         (
-            fresh_compile / "components" / step / "component.yaml",
-            REPO / "components" / step / "component.yaml",
+            fresh_compile / "components" / step / filename,
+            REPO / "components" / step / filename,
         )
-        for step in COMPONENTS
+        for step, _, filename in COMPONENTS
     ]
     stale = [
         str(committed.relative_to(REPO))
@@ -147,10 +174,10 @@ def _content(compiled: Path) -> str:
     )
 
 
-@pytest.mark.parametrize("step", sorted(COMPONENTS))
-def test_component_yaml_loads_back(step):
-    component = load_component_from_file(str(REPO / "components" / step / "component.yaml"))
-    assert component.name == step.replace("_", "-")
+@pytest.mark.parametrize(("step", "function", "filename"), COMPONENTS)
+def test_component_yaml_loads_back(step, function, filename):
+    component = load_component_from_file(str(REPO / "components" / step / filename))
+    assert component.name == function.replace("_", "-")
 
 
 def run_pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

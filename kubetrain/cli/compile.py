@@ -8,16 +8,22 @@ import argparse
 import importlib
 from pathlib import Path
 
-# step folder -> the component function in its component.py
-COMPONENTS = {
-    "dataset_prep": "dataset_prep",
-    "launch_trainjob": "launch_trainjob",
-    "wait_trainjob": "wait_trainjob",
-    "collect_checkpoint": "collect_checkpoint",
-    "evaluate_model": "evaluate_model",
-    "promote_model": "promote_model",
-}
-PIPELINES = {"training_pipeline": "training_pipeline"}
+from kubetrain import rules
+
+#: (step folder, a component function in its component.py, the YAML file it compiles to)
+COMPONENTS = (
+    ("dataset_prep", "dataset_prep", "component.yaml"),
+    ("launch_trainjob", "launch_trainjob", "component.yaml"),
+    ("wait_trainjob", "wait_trainjob", "component.yaml"),
+    # the exit handler's clean-up: `dsl.ExitHandler(delete_trainjob(...))` in your pipeline
+    ("wait_trainjob", "delete_trainjob", "delete_component.yaml"),
+    ("collect_checkpoint", "collect_checkpoint", "component.yaml"),
+    ("evaluate_model", "evaluate_model", "component.yaml"),
+    ("promote_model", "promote_model", "component.yaml"),
+    ("promote_model", "promotion_gate", "gate_component.yaml"),
+)
+#: pipeline module -> the function that builds its pipeline for a storage Secret
+PIPELINES = {"training_pipeline": "build_training_pipeline"}
 #: The Argo YAML `kubetrain compile` writes to pipelines/compiled/: file stem -> kind.
 ARGO_WORKFLOWS = {
     "training_workflow": "Workflow",
@@ -34,9 +40,9 @@ def package_dir(package: str) -> Path:
 DEFAULT_OUTPUT_DIR = Path("compiled")
 
 
-def compile_all(components_dir: Path, pipelines_dir: Path) -> list[Path]:
+def compile_all(components_dir: Path, pipelines_dir: Path, storage_secret: str = "") -> list[Path]:
     """Write ``<components_dir>/<step>/component.yaml`` and
-    ``<pipelines_dir>/compiled/<pipeline>.yaml``."""
+    ``<pipelines_dir>/compiled/<pipeline>.yaml`` (its steps given ``storage_secret``, if any)."""
     # Importing Hera makes PyYAML dump multi-line strings as blocks, process-wide
     # (hera/_yaml.py); importing it before KFP compiles keeps the KFP YAML byte-identical
     # whether or not something imported Hera first.
@@ -46,16 +52,18 @@ def compile_all(components_dir: Path, pipelines_dir: Path) -> list[Path]:
     from kubetrain.storage.atomic import write_text  # the storage package: not for --help
 
     written = []
-    for step, function in COMPONENTS.items():
+    for step, function, filename in COMPONENTS:
         component = getattr(
             importlib.import_module(f"kubetrain.components.{step}.component"), function
         )
-        target = components_dir / step / "component.yaml"
+        target = components_dir / step / filename
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(component, str(target))
         written.append(target)
-    for module, function in PIPELINES.items():
-        pipeline = getattr(importlib.import_module(f"kubetrain.pipelines.{module}"), function)
+    for module, builder in PIPELINES.items():
+        pipeline = getattr(importlib.import_module(f"kubetrain.pipelines.{module}"), builder)(
+            storage_secret
+        )
         target = pipelines_dir / "compiled" / f"{module}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(pipeline, str(target))
@@ -98,12 +106,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"write under DIR/components and DIR/pipelines; default ./{DEFAULT_OUTPUT_DIR} "
         "(`--output-dir .` in a source checkout rewrites the committed YAML)",
     )
+    parser.add_argument(
+        "--storage-secret",
+        default="",
+        metavar="NAME",
+        help="Secret with the S3 endpoint and keys (AWS_* keys) that the KFP pipeline's steps and "
+        "TrainJob get as env by reference; default none (the pods' own identity)",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.storage_secret:  # refused before anything is written
+        rules.dns1123_subdomain(
+            args.storage_secret, "--storage-secret", "give the name of a Secret, e.g. s3-creds"
+        )
     output_dir = args.output_dir.absolute()
-    written = compile_all(output_dir / "components", output_dir / "pipelines")
+    written = compile_all(output_dir / "components", output_dir / "pipelines", args.storage_secret)
     for path in written:
         print(f"wrote {path}")
     print(f"compiled {len(written)} files under {output_dir}")

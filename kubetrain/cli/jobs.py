@@ -7,7 +7,6 @@ import argparse
 from kubetrain.backends import get_backend
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.errors import InvalidInput, JobNotFound
-from kubetrain.names import derive_job_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,13 +68,21 @@ def run_delete(args: argparse.Namespace) -> int:
         raise InvalidInput(
             "name", f"{given} given", "give exactly one, e.g. `kubetrain delete my-job`"
         )
-    name = args.name or derive_job_name(args.run_name)
+    if args.run_name:  # the exit handlers' road: the KFP delete_trainjob component's too
+        from kubetrain.components.wait_trainjob.wait import delete_run_job
+
+        print(
+            delete_run_job(
+                args.run_name, args.backend, backend_options(args), args.ignore_not_found
+            )
+        )
+        return 0
     try:
-        get_backend(args.backend, backend_options(args)).delete(name)
+        get_backend(args.backend, backend_options(args)).delete(args.name)
     except JobNotFound as missing:
         if not args.ignore_not_found:
             raise
-        print(f"{name}: {missing}")
+        print(f"{args.name}: {missing}")
         return 0
-    print(f"deleted {name}")
+    print(f"deleted {args.name}")
     return 0

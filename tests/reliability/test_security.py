@@ -32,6 +32,7 @@ from kubetrain.artifacts.models import build_model
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
+from tests.support import objects
 from tests.support.argo_server import ArgoServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -840,7 +841,17 @@ def secret_references(document: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("backend", "extra"),
     [
-        ("trainer", ["--dataset-uri", "hf://org/digits", "--dataset-secret", "hf-read"]),
+        (
+            "trainer",
+            [
+                "--dataset-uri",
+                "hf://org/digits",
+                "--dataset-secret",
+                "hf-read",
+                "--runtime",
+                "with-data",
+            ],
+        ),
         ("job", []),
     ],
 )
@@ -848,6 +859,10 @@ def test_launch_puts_secrets_in_objects_by_name_only(
     k8s, planted_environment, tmp_path, monkeypatch, capsys, backend, extra
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "kubeconfig")))
+    if extra:  # a dataset initializer needs a runtime with that job (Trainer's JobSet Validate)
+        k8s.emulator.create(
+            "clustertrainingruntimes", runtime_with_dataset_initializer("with-data")
+        )
     outputs = tmp_path / "outputs"
     code, out, err = cli(
         capsys, "launch", "--backend", backend, "--name", "sec", "--nodes", "2",
@@ -864,6 +879,24 @@ def test_launch_puts_secrets_in_objects_by_name_only(
     expected = {"team-s3", *(["hf-read"] if extra else [])}
     assert {ref["name"] for ref in references} == expected
     assert all(set(ref) <= {"name", "key", "optional"} for ref in references), references
+
+
+def runtime_with_dataset_initializer(name: str) -> dict[str, Any]:
+    """Our default runtime plus a ``dataset-initializer`` job, shaped like upstream's
+    (kubeflow/trainer v2.3.0 manifests/base/runtimes/torchtune/llama3_2/*: its container named
+    after the job, the ``initializer`` volume mounted)."""
+    runtime = objects.torch_runtime(name)
+    runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {
+        "name": "dataset-initializer",
+        "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
+                                    "dataset-initializer"}},
+            "spec": {"template": {"spec": {"containers": [{
+                "name": "dataset-initializer", "image": "ghcr.io/kubeflow/dataset-initializer",
+                "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}]}]}}},
+        },
+    })  # fmt: skip
+    return runtime
 
 
 @pytest.mark.security

@@ -122,8 +122,8 @@ def trained_checkpoints(
 
 @dataclass
 class Cluster:
-    """The emulator with Kubeflow Trainer's CRDs and a ``torch-distributed`` runtime, and a
-    client configured for it (namespace ``default``)."""
+    """The emulator with Kubeflow Trainer's CRDs (the real v2.3 ones, enforced) and our
+    default runtime, and a client configured for it (namespace ``default``)."""
 
     emulator: Any
     api_client: Any

@@ -490,3 +490,18 @@ def test_a_kfp_step_pod_is_owned_by_its_workflow_and_knows_only_its_name_and_uid
         "KFP_POD_UID": pod["metadata"]["uid"],
     }
     assert pod["metadata"]["ownerReferences"][0]["uid"] == workflow["metadata"]["uid"]
+
+
+@pytest.mark.bad_input
+def test_the_trainer_webhook_also_checks_updates(k8s, trainer, custom):
+    """trainjob_webhook.go ``ValidateUpdate`` runs the same runtime check as on create: once
+    the runtime is gone, even suspending the TrainJob is refused."""
+    install_runtime(k8s, command=["sleep", "30"])
+    create(custom, trainjob("later"))
+    pods_of(k8s, "later", 1)
+    k8s.emulator.delete("clustertrainingruntimes", RUNTIME, namespace="")
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", "trainjobs", "later", {"spec": {"suspend": True}}
+        )
+    assert refused.value.status == 403 and "must be created before" in refused.value.body

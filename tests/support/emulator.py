@@ -16,7 +16,11 @@ Extension points for scripting a cluster's behaviour:
 * faults: ``fail`` (403/404/409/500/... for the next N matching requests), ``drop`` (close
   the connection without an answer);
 * traffic: ``requests``/``count`` (the request log in RBAC verbs and resources);
-* controllers: ``on_event`` (called on every stored change, e.g. by ``FakeTrainer``);
+* controllers: ``on_event`` (called on every stored change, e.g. by ``FakeTrainer``), and
+  ``api.admission`` (validating webhooks, e.g. the Trainer's, registered by ``FakeTrainer``);
+* schemas: a custom resource is pruned, defaulted and validated against its CRD (schema and
+  CEL rules; ``crd_schema``) on create, replace and patch; ``install_trainer`` installs the
+  real Trainer v2.3 CRDs from ../shared;
 * clients: ``configuration``, ``api_client``, ``write_kubeconfig``;
 * anything else through kmock's DSL on ``emulator.api`` (``api[...] << payload``).
 """

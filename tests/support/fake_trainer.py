@@ -342,9 +342,10 @@ class FakeTrainer:
     def _validate(
         self, resource: Any, trainjob: dict[str, Any], old: dict[str, Any] | None
     ) -> None:
-        """The Trainer's validating webhook (on the emulator's loop): the runtime must exist and
-        the TrainJob must not set the PET_* variables torchrun reserves."""
-        if resource.plural != TRAINJOBS or old is not None:
+        """The Trainer's validating webhook (on the emulator's loop), on create and update: the
+        runtime must exist, have the initializers asked for, and the TrainJob must not set the
+        PET_* variables torchrun reserves."""
+        if resource.plural != TRAINJOBS:
             return
         api = self.emulator.api
         spec = trainjob["spec"]

@@ -17,9 +17,11 @@ failure gives a Warning event ``TrainJobResourcesCreationFailed`` and nothing el
 cluster. The pods carry the merged spec; the local processes run its ``node`` container's
 command and args (``$(VAR)`` expanded as the kubelet does) with its env (downward-API
 ``fieldRef`` values resolved against the first pod). While it runs, the Trainer's validating
-webhook refuses a TrainJob whose runtime does not exist or that sets a PET_* variable
-(kubeflow/trainer v2.3.0 ``pkg/webhooks/trainjob_webhook.go``, ``clustertrainingruntime.go`` and
-``trainingruntime.go`` ``ValidateObjects``, ``plugins/torch/torch.go`` ``Validate``).
+webhook refuses (403) a TrainJob whose runtime does not exist or lacks the initializer it asks
+for, or that sets a PET_* variable (kubeflow/trainer v2.3.0 ``pkg/webhooks/trainjob_webhook.go``,
+``clustertrainingruntime.go`` and ``trainingruntime.go`` ``ValidateObjects``,
+``plugins/jobset/jobset.go`` and ``plugins/torch/torch.go`` ``Validate``); ``webhook=False``
+stands for a cluster whose runtime went away after the TrainJob was admitted.
 From an Indexed Job, the ``node`` container gives command and args, and its env
 ``PET_NNODES``/``PET_NPROC_PER_NODE`` the topology. In both, ``PET_NODE_RANK``,
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` are replaced by the local ones.

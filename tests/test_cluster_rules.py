@@ -428,10 +428,22 @@ GPU_RUNTIME_RESOURCES = {
     ("version", "expected"),
     [
         # v2.2.0 pkg/runtime/core/trainingruntime.go: Resources = ResourcesPerNode.DeepCopy().
-        ("2.2", {"requests": {"cpu": "2"}, "limits": {"nvidia.com/gpu": "1", "memory": "32Gi"}}),
-        ("2.1", {"requests": {"cpu": "2"}, "limits": {"nvidia.com/gpu": "1", "memory": "32Gi"}}),
+        (
+            "2.2",
+            {
+                "requests": {"cpu": "2"},
+                "limits": {"cpu": "2", "nvidia.com/gpu": "1", "memory": "32Gi"},
+            },
+        ),
+        (
+            "2.1",
+            {
+                "requests": {"cpu": "2"},
+                "limits": {"cpu": "2", "nvidia.com/gpu": "1", "memory": "32Gi"},
+            },
+        ),
         # v2.3.0 merges them itself (MergeResourceRequirements): ours only.
-        ("2.3", {"requests": {"cpu": "2"}}),
+        ("2.3", {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}),
     ],
 )
 def test_old_trainers_get_the_full_resource_set(version: str, expected: dict[str, Any]) -> None:

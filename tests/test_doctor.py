@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubetrain.backends.kubernetes.permissions import required_permissions
 from kubetrain.render.manifests import rbac_manifests
@@ -186,3 +187,17 @@ def test_an_unreachable_api_is_reported(tmp_path):
     result = doctor(kubeconfig)
     assert result.returncode == 1
     assert "FAIL api" in result.stdout
+
+
+def test_with_no_namespace_doctor_checks_the_one_the_steps_would_use(cluster):
+    """Issue 17 (2): like launch and wait, an empty --namespace is the pod's, else the
+    kubeconfig context's (here team-x), else default."""
+    emulator, kubeconfig, denied = cluster
+    emulator.install_trainer(version="2.3")
+    config = yaml.safe_load(kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = "team-x"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    denied.add(("get", "pods/log"))
+    result = doctor(kubeconfig)
+    assert result.returncode == 1
+    assert "missing for you in namespace team-x: get pods/log" in result.stdout

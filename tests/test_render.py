@@ -191,7 +191,7 @@ def test_every_option_maps_to_the_trainjob():
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 8)
     assert trainer["resourcesPerNode"] == {
         "requests": {"cpu": "16", "memory": "64Gi"},
-        "limits": {"memory": "64Gi", "nvidia.com/gpu": "8"},
+        "limits": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "8"},
     }
     # Secrets only by reference.
     assert body["initializer"] == {

@@ -317,15 +317,10 @@ def test_every_runtime_names_a_device_the_kubeflow_sdk_knows():
         assert limits[device] == "1", name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kubetrain/render/pod.py resource_requirements renders --cpu as a request only; "
-    "Trainer v2.3 merges resourcesPerNode into the runtime's resources key by key "
-    "(kubeflow/trainer v2.3.0 pkg/util/trainingruntime MergeResourceRequirements), so "
-    "--cpu 4 on torch-ddp-cpu (limits.cpu 1) makes requests > limits, an invalid pod: "
-    "render limits.cpu = --cpu too",
-)
 def test_a_cpu_request_never_exceeds_the_runtime_cpu_limit():
+    """Trainer v2.3 merges resourcesPerNode into the runtime's resources key by key (kubeflow/
+    trainer v2.3.0 pkg/util/trainingruntime/trainingruntime.go MergeResourceRequirements): --cpu 4
+    on torch-ddp-cpu (limits.cpu 1) must not make requests > limits, an invalid pod."""
     from kubetrain.jobspec import Resources
     from kubetrain.render.pod import resource_requirements
 

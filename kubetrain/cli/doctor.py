@@ -19,7 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "what is missing and how to fix it; exits 1 if anything is."
         ),
     )
-    parser.add_argument("--namespace", default="default", help="namespace the steps will use")
+    parser.add_argument(
+        "--namespace",
+        default="",
+        help="namespace the steps will use; default the one they would use: this pod's, else "
+        "the kubeconfig context's, else default",
+    )
     parser.add_argument(
         "--service-account",
         default="",
@@ -42,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubetrain.backends.kubernetes.client import load_api_client
+    from kubetrain.backends.kubernetes.client import load_api_client, resolve_namespace
     from kubetrain.backends.kubernetes.doctor import Check, diagnose
 
     def report(check: Check) -> None:
@@ -53,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     from kubetrain import rules
 
-    rules.namespace(args.namespace, "--namespace", "give the namespace the steps run in")
+    namespace = resolve_namespace(args.namespace)  # as launch and wait resolve it
+    rules.namespace(namespace, "--namespace", "give the namespace the steps run in")
     if args.service_account:
         rules.dns1123_subdomain(
             args.service_account,
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
     ready = diagnose(
         load_api_client(),
-        args.namespace,
+        namespace,
         args.runtime,
         args.runtime_kind,
         report,

@@ -44,13 +44,17 @@ def default_checkpoint_dir(job_name: str) -> str:
 
 
 def resource_requirements(resources: Resources) -> dict[str, dict[str, str]]:
-    """CPU and memory are requested; memory is also the limit (no overcommit surprises);
-    CPU has no limit (no CFS throttling of data loading); GPUs are limits, as the device
-    plugin requires."""
+    """CPU and memory are requested and are also the limits: Trainer v2.3 merges these into
+    the runtime's resources key by key (kubeflow/trainer v2.3.0
+    pkg/util/trainingruntime/trainingruntime.go MergeResourceRequirements), so
+    a request without its limit would sit under the runtime's own limit (our torch-ddp-cpu
+    limits cpu, which the Kubeflow SDK requires) and make an invalid pod once it is larger.
+    GPUs are limits, as the device plugin requires."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if resources.cpu:
         requests["cpu"] = resources.cpu
+        limits["cpu"] = resources.cpu
     if resources.memory:
         requests["memory"] = resources.memory
         limits["memory"] = resources.memory

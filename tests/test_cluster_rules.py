@@ -503,6 +503,28 @@ def test_an_initializer_against_a_runtime_without_it_is_refused_before_creating(
     assert k8s.emulator.object_keys() == before
 
 
+@pytest.mark.bad_input
+def test_an_initializer_container_without_the_initializer_mount_is_refused(k8s) -> None:
+    """jobset.go Validate: "must have volumeMount with name - initializer in container
+    dataset-initializer of the dataset-initializer job"; refused before anything is created."""
+    runtime = objects.torch_runtime("no-mount")
+    runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {
+        "name": "dataset-initializer",
+        "template": {"spec": {"template": {"spec": {"containers": [{
+            "name": "dataset-initializer", "image": "ghcr.io/kubeflow/dataset-initializer"}]}}}},
+    })  # fmt: skip
+    k8s.emulator.create("clustertrainingruntimes", runtime)
+    before = k8s.emulator.object_keys()
+    spec = make_spec(runtime=RuntimeRef("no-mount"), dataset_initializer=Initializer("hf://o/d"))
+    with pytest.raises(InvalidInput) as refused:
+        k8s.backend().launch(spec)
+    assert str(refused.value).startswith(
+        "dataset_uri: ClusterTrainingRuntime no-mount mounts no 'initializer' volume in its "
+        "dataset-initializer container"
+    )
+    assert k8s.emulator.object_keys() == before
+
+
 def test_a_runtime_with_the_initializer_takes_it(k8s) -> None:
     runtime = objects.torch_runtime("with-data")
     runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {

@@ -248,13 +248,22 @@ def runtime_replicated_jobs(
     return jobs or spec.replicated_jobs()
 
 
+#: The volume an initializer container must mount (trainer v2.3.0
+#: pkg/runtime/framework/plugins/jobset/constants/constants.go VolumeNameInitializer).
+INITIALIZER_VOLUME = "initializer"
+
+
 def check_initializers(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
     """A dataset or model to fetch needs a runtime with that initializer: a replicated job and
-    a container both named ``dataset-initializer`` (``model-initializer``), as trainer v2.3.0
+    a container both named ``dataset-initializer`` (``model-initializer``), the container
+    mounting the ``initializer`` volume, as trainer v2.3.0
     ``pkg/runtime/framework/plugins/jobset/jobset.go`` Validate requires; refused here, before
     anything is created, with the option that asked for it."""
-    containers = {
-        job.get("name"): {c.get("name") for c in _pod_spec(job).get("containers") or []}
+    mounts = {
+        job.get("name"): {
+            c.get("name"): {m.get("name") for m in c.get("volumeMounts") or []}
+            for c in _pod_spec(job).get("containers") or []
+        }
         for job in _replicated_jobs(runtime)
     }
     asked = (
@@ -262,9 +271,16 @@ def check_initializers(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
         (spec.model_initializer, MODEL_INITIALIZER_JOB, "model_uri", "--model-uri"),
     )
     for initializer, job, field, option in asked:
-        if initializer is None or job in containers.get(job, set()):
+        if initializer is None:
             continue
-        problem = f"has no {job} job" if job not in containers else f"has no {job} container"
+        if job not in mounts:
+            problem = f"has no {job} job"
+        elif job not in mounts[job]:
+            problem = f"has no {job} container"
+        elif INITIALIZER_VOLUME not in mounts[job][job]:
+            problem = f"mounts no {INITIALIZER_VOLUME!r} volume in its {job} container"
+        else:
+            continue
         raise InvalidInput(
             field,
             f"{spec.runtime.kind} {spec.runtime.name} {problem}, so it cannot fetch "

@@ -327,8 +327,9 @@ def check_restarts(
             "max_restarts",
             f"{spec.max_restarts} restarts asked, but {spec.runtime.kind} {spec.runtime.name} "
             f"allows {allowed} (spec.template.spec.failurePolicy.maxRestarts)",
-            "use a runtime whose JobSet failurePolicy allows them (runtimes/README.md shows "
-            "how) or a lower --max-restarts",
+            "use a runtime whose JobSet failurePolicy allows them (a copy of one that "
+            "`kubetrain render runtimes` prints, with spec.template.spec.failurePolicy."
+            "maxRestarts set) or a lower --max-restarts",
         )
 
 

@@ -224,6 +224,63 @@ def test_a_job_with_no_pods_and_no_warning_is_waited_for_and_said_so(k8s) -> Non
     assert "no Warning event says why; still waiting" in said
 
 
+def test_a_job_whose_initializer_runs_first_is_not_a_job_without_pods(k8s) -> None:
+    """Runtimes with initializers start the node job after them (trainer v2.3.0 runtimes'
+    JobSet dependsOn): a long download is no reason to fail, whatever Warning is around."""
+    emulator = k8s.emulator
+    backend = k8s.backend(no_pods_grace=0.1, retry=FAST_RETRY)
+    backend.launch(make_spec())
+    emulator.create_pod({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "demo-dataset-initializer-0-0-abcde", "namespace": "default",
+                     "labels": {"jobset.sigs.k8s.io/jobset-name": "demo",
+                                "jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"}},
+        "spec": {"containers": [{"name": "dataset-initializer", "image": "i"}]},
+    })  # fmt: skip
+    emulator.add_event(emulator.get("trainjobs", "demo"), "SomethingSlow", "still pulling")
+    waiter = Waiter(backend, "demo")
+    waiter.start()
+    time.sleep(0.8)
+    assert waiter.is_alive()
+    complete(emulator, "demo")
+    assert waiter.result().state == COMPLETE
+
+
+def test_a_warning_left_by_an_earlier_job_of_the_same_name_is_not_this_jobs(k8s) -> None:
+    """Events outlive their object (an hour by default): one whose involvedObject.uid is not
+    this TrainJob's says nothing about it."""
+    emulator = k8s.emulator
+    backend = k8s.backend(no_pods_grace=0.1, retry=FAST_RETRY)
+    backend.launch(make_spec())
+    earlier = emulator.get("trainjobs", "demo")
+    earlier = {**earlier, "metadata": {**earlier["metadata"], "uid": "uid-of-an-earlier-demo"}}
+    emulator.add_event(earlier, "TrainJobResourcesCreationFailed", "an old refusal")
+    waiter = Waiter(backend, "demo")
+    waiter.start()
+    time.sleep(0.8)
+    assert waiter.is_alive()
+    complete(emulator, "demo")
+    assert waiter.result().state == COMPLETE
+
+
+def test_a_quota_refusal_on_the_jobsets_job_fails_the_wait(k8s) -> None:
+    """The Job controller reports a pod it may not create (ResourceQuota, Pod Security) as a
+    FailedCreate Warning on the Job (<jobset>-<replicatedJob>-<index>), not on the TrainJob."""
+    emulator = k8s.emulator
+    backend = k8s.backend(no_pods_grace=0.1, retry=FAST_RETRY)
+    backend.launch(make_spec())
+    child = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "demo-node-0", "namespace": "default", "uid": "job-uid"},
+    }
+    quota = 'pods "demo-node-0-0-x" is forbidden: exceeded quota: team-a, requested: cpu=2'
+    emulator.add_event(child, "FailedCreate", quota)
+    status = backend.wait("demo", timeout=10, on_log_line=None)
+    assert (status.state, status.reason) == (FAILED, "FailedCreate")
+    assert quota in status.message
+
+
 # ------------------------------------------------------------------- 4: who owns the job
 def pipeline_run(k8s) -> dict[str, Any]:
     k8s.emulator.install_crd(objects.workflow_crd())
@@ -544,14 +601,16 @@ def test_a_runtime_with_the_initializer_takes_it(k8s) -> None:
 
 
 # ---------------------------------------------- 15: OOMKilled with restarts is the runtime's
-def test_an_oom_kill_with_restarts_allowed_is_left_to_the_runtime(k8s) -> None:
+@pytest.mark.parametrize("asked", [2, 0])
+def test_an_oom_kill_with_restarts_allowed_is_left_to_the_runtime(k8s, asked: int) -> None:
     """JobSet restarts every node after a failure up to failurePolicy.maxRestarts; the job's
     Failed condition says when they run out."""
     runtime = objects.torch_runtime("restarting")
     runtime["spec"]["template"]["spec"]["failurePolicy"] = {"maxRestarts": 2}
     k8s.emulator.create("clustertrainingruntimes", runtime)
     backend = k8s.backend(retry=FAST_RETRY)
-    backend.launch(make_spec(max_restarts=2, runtime=RuntimeRef("restarting")))
+    # asked for none (a KFP run has no max_restarts), the runtime's failurePolicy still restarts
+    backend.launch(make_spec(max_restarts=asked, runtime=RuntimeRef("restarting")))
     waiter = Waiter(backend, "demo")
     waiter.start()
     pod = node_pod(k8s.emulator, "demo", 1)
@@ -577,17 +636,28 @@ def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("kubeconfig")
-@pytest.mark.parametrize("state", ["FAILED", "CANCELLED", "SUCCEEDED"])
-def test_the_kfp_exit_handler_deletes_the_runs_job_unless_it_succeeded(k8s, state: str) -> None:
+@pytest.mark.parametrize(
+    ("state", "succeeded"),
+    [
+        # KFP's local runner (kfp dsl/task_final_status.py): SUCCEEDED, FAILED, CANCELLED
+        ("FAILED", False), ("CANCELLED", False), ("SUCCEEDED", True),
+        # the KFP backend's driver: the ML Metadata execution state (kubeflow/pipelines 2.17.0
+        # backend/src/v2/driver/resolve.go GetLastKnownState().String())
+        ("COMPLETE", True), ("CACHED", True), ("CANCELED", False),
+    ],
+)  # fmt: skip
+def test_the_kfp_exit_handler_deletes_the_runs_job_unless_it_succeeded(
+    k8s, state: str, succeeded: bool
+) -> None:
     """KFP's launcher passes no SIGTERM on to a stopped run's wait (kubeflow/pipelines 2.17.0
-    backend/src/v2/component/launcher_v2.go): the exit handler cleans up. PipelineTaskFinalStatus
-    .state is SUCCEEDED, FAILED or CANCELLED (kfp dsl/task_final_status.py)."""
+    backend/src/v2/component/launcher_v2.go): the exit handler cleans up, and keeps the job
+    of a run that succeeded, whichever spelling of success the runner uses."""
     name = job_of_run(k8s, "run-7f3a")
     status = types.SimpleNamespace(state=state)
     delete_trainjob.python_func(run_name="run-7f3a", status=status, namespace="default")
     left = k8s.emulator.names("trainjobs")
-    assert left == ({name} if state == "SUCCEEDED" else set())
-    if state != "SUCCEEDED":
+    assert left == ({name} if succeeded else set())
+    if not succeeded:
         (request,) = k8s.emulator.requests("delete", "trainjobs")
         assert request.params.get("propagationPolicy") == "Background"
 

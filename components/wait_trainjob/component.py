@@ -76,7 +76,10 @@ def delete_trainjob(
     from kubetrain.backends import BackendOptions
     from kubetrain.components.wait_trainjob.wait import delete_run_job
 
-    if status.state == "SUCCEEDED":
+    # The KFP backend's driver passes the ML Metadata execution state (kubeflow/pipelines
+    # 2.17.0 backend/src/v2/driver/resolve.go: GetLastKnownState().String(): COMPLETE,
+    # CACHED, FAILED, CANCELED...); KFP's local runner passes SUCCEEDED.
+    if status.state in ("SUCCEEDED", "COMPLETE", "CACHED"):
         print("the run succeeded: its job ended by itself; nothing to delete")
         return
     outcome = delete_run_job(run_name, backend=backend, options=BackendOptions(namespace=namespace))

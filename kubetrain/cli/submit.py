@@ -15,14 +15,6 @@ from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
 from kubetrain.errors import InvalidInput, KubetrainError, reading
 from kubetrain.user_files import read_user_file
 
-#: The ServiceAccount our RBAC creates and binds. KFP's own default (pipeline-runner, kubeflow/
-#: pipelines 2.17.0 backend/src/apiserver/common/const.go DefaultPipelineRunnerServiceAccount,
-#: or DEFAULTPIPELINERUNNERSERVICEACCOUNT=default-editor in multi-user installs,
-#: manifests/kustomize/base/installs/multi-user/api-service/params.env) has nothing in
-#: trainer.kubeflow.org from KFP (manifests/kustomize/base/pipeline/pipeline-runner-role.yaml),
-#: only what `kubetrain render rbac` binds to it.
-DEFAULT_RUN_SERVICE_ACCOUNT = "kubetrain"
-
 
 # How a pipeline parameter's declared type turns a command-line string into its value.
 def _json_of(kind: type) -> Callable[[str], object]:
@@ -78,13 +70,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kfp.add_argument("--run-name", default=None, help="run name; default pipeline name + time")
     kfp.add_argument(
         "--service-account",
-        default=DEFAULT_RUN_SERVICE_ACCOUNT,
+        default="",
         metavar="NAME",
-        help="ServiceAccount the run's steps run as, which needs the RBAC that creates and "
-        f"watches TrainJobs; default {DEFAULT_RUN_SERVICE_ACCOUNT} (the account kubetrain's "
-        "RBAC manifest creates and binds); '' = the KFP server's default (pipeline-runner, "
-        "default-editor in a multi-user profile), which can create TrainJobs only where "
-        "`kubetrain render rbac` has bound it",
+        # KFP's default account (kubeflow/pipelines 2.17.0 backend/src/apiserver/common/
+        # const.go; default-editor from multi-user/api-service/params.env) has nothing in
+        # trainer.kubeflow.org (pipeline-runner-role.yaml) but what `render rbac` binds to it,
+        # and has what KFP's launcher reads in every step pod, which our kubetrain account lacks.
+        help="ServiceAccount the run's steps run as; default the KFP server's (pipeline-runner, "
+        "default-editor in a multi-user profile), which `kubetrain render rbac` binds to the "
+        "TrainJob rights. Another account needs those (`kubetrain render rbac "
+        "--service-account NAME`) and what KFP's own launcher reads in each step pod: its "
+        "artifact-store Secret and the kfp-launcher ConfigMap (kubeflow/pipelines 2.17.0 "
+        "backend/src/v2/objectstore/object_store.go, config/env.go), which pipeline-runner has",
     )
     kfp.add_argument(
         "--param",
@@ -141,7 +138,11 @@ def run_kfp(args: argparse.Namespace) -> int:
     if args.namespace is not None:
         rules.namespace(args.namespace, "--namespace")
     if args.service_account:
-        rules.dns1123_subdomain(args.service_account, "--service-account")
+        rules.dns1123_subdomain(
+            args.service_account,
+            "--service-account",
+            "give a ServiceAccount's name, e.g. kubetrain",
+        )
     arguments = parse_arguments(args.param, pipeline_parameters(package))
     try:
         client = Client(host=args.host, namespace=args.namespace)

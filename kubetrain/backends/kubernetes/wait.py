@@ -36,7 +36,7 @@ from kubetrain.backends.base import (
 )
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
-from kubetrain.backends.kubernetes.kinds import JobKind
+from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, JobKind
 from kubetrain.backends.kubernetes.launch import is_gang, read_runtime
 from kubetrain.backends.kubernetes.logs import LogFollower
 from kubetrain.backends.kubernetes.objects import KubeObjects
@@ -165,6 +165,7 @@ class WaitSession:
         #: The reasons of the pod problems already said (``_problem``).
         self.problems_said: set[str] = set()
         self._unschedulable_grace: float | None = None
+        self._runtime_object: dict[str, Any] | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
         self.followers: dict[int, LogFollower] = {}
         self.stall_timeout = stall_timeout
@@ -394,33 +395,40 @@ class WaitSession:
             return self.context.image_pull_grace
         if grace == "unschedulable":
             if self._unschedulable_grace is None:
-                self._unschedulable_grace = self._resolve_unschedulable_grace()
+                grace = self._grace_for_unschedulable()
+                if self.job is None and self.kind.backend == "trainer":
+                    return grace  # asked again once the job is known
+                self._unschedulable_grace = grace
             return self._unschedulable_grace
         return 0.0
 
-    def _resolve_unschedulable_grace(self) -> float:
-        """The option, else no limit for a gang runtime, else UNSCHEDULABLE_GRACE_SECONDS."""
+    def _grace_for_unschedulable(self) -> float:
+        """The option, else no limit for a gang runtime, else UNSCHEDULABLE_GRACE_SECONDS;
+        decided once the job (and so its runtime) is known."""
         chosen = self.context.unschedulable_grace
         if chosen is not None:
             return chosen or math.inf
-        return math.inf if self._gang() else UNSCHEDULABLE_GRACE_SECONDS
+        if self.kind.backend == "trainer" and self.job is None:
+            return math.inf  # not decided yet: the job's runtime is not known
+        return math.inf if is_gang(self._runtime()) else UNSCHEDULABLE_GRACE_SECONDS
 
-    def _gang(self) -> bool:
-        """Whether the TrainJob's runtime schedules a gang (best effort: a runtime we cannot
-        read counts as none)."""
-        if self.kind.backend != "trainer" or self.job is None:
-            return False
-        ref = (self.job.get("spec") or {}).get("runtimeRef") or {}
-        try:
-            runtime = read_runtime(
-                self.context.objects,
-                ref.get("kind") or "ClusterTrainingRuntime",
-                ref.get("name") or "",
-                self.namespace,
-            )
-        except ApiError:
-            return False
-        return is_gang(runtime)
+    def _runtime(self) -> dict[str, Any]:
+        """The TrainJob's runtime, read once (best effort: one we cannot read, or a batch Job,
+        is an empty runtime: no gang, no restarts)."""
+        if self._runtime_object is None:
+            if self.kind.backend != "trainer" or self.job is None:
+                return {}
+            ref = (self.job.get("spec") or {}).get("runtimeRef") or {}
+            try:
+                self._runtime_object = read_runtime(
+                    self.context.objects,
+                    ref.get("kind") or "ClusterTrainingRuntime",
+                    ref.get("name") or "",
+                    self.namespace,
+                )
+            except ApiError:
+                self._runtime_object = {}
+        return self._runtime_object
 
     def _waiting(self, problem: PodProblem, grace: float) -> str:
         """What the wait does about a problem it gives time, for the line that says so."""
@@ -436,14 +444,20 @@ class WaitSession:
         return f"waiting for it to clear with no time limit ({why}; {option} sets one)"
 
     def _restarts_allowed(self) -> bool:
-        """Whether the job restarts its nodes after one fails (the spec kubetrain rendered
-        into it says so): then an out-of-memory kill is the runtime's to restart."""
+        """Whether the job restarts its nodes after one fails: the spec kubetrain rendered into
+        it asks for restarts, or its runtime's JobSet ``failurePolicy.maxRestarts`` allows
+        them whatever was asked (jobset v0.12.0 restarts the whole set up to it; a KFP run
+        has no max_restarts parameter). Then an out-of-memory kill is the runtime's to
+        restart."""
         annotations = ((self.job or {}).get("metadata") or {}).get("annotations") or {}
         try:
             spec = json.loads(annotations.get(SPEC_ANNOTATION) or "{}")
         except ValueError:
-            return False
-        return isinstance(spec, dict) and bool(spec.get("max_restarts"))
+            spec = {}
+        if isinstance(spec, dict) and spec.get("max_restarts"):
+            return True
+        policy = ((self._runtime().get("spec") or {}).get("template") or {}).get("spec") or {}
+        return bool((policy.get("failurePolicy") or {}).get("maxRestarts"))
 
     def _no_pods_problem(self, now: float) -> PodProblem | None:
         """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read
@@ -458,6 +472,8 @@ class WaitSession:
         if waited < self.context.no_pods_grace or now < self.events_due:
             return None
         self.events_due = now + NO_PODS_RECHECK_SECONDS
+        if self._has_other_pods():
+            return None  # e.g. an initializer runs first; the node pods come after it
         warning = self._latest_warning()
         if warning is not None:
             reason, message = warning
@@ -477,24 +493,59 @@ class WaitSession:
             )
         return None
 
-    def _latest_warning(self) -> tuple[str, str] | None:
-        """(reason, message) of the job's newest Warning event (best effort)."""
+    def _has_other_pods(self) -> bool:
+        """Whether the TrainJob has pods the watch does not follow: its initializers'
+        (trainer v2.3.0 runtimes start the node job after them, JobSet ``dependsOn``)."""
+        if self.kind.backend != "trainer":
+            return False
         objects = self.context.objects
-        selector = f"involvedObject.kind={self.kind.kind},involvedObject.name={self.name}"
+        try:
+            listing = objects.call(
+                Action("list", "pods", namespace=self.namespace),
+                objects.core.list_namespaced_pod,
+                self.namespace,
+                label_selector=f"{JOBSET_NAME_LABEL}={self.name}",
+            )
+        except ApiError:
+            return False
+        return bool(listing.items)
+
+    def _latest_warning(self) -> tuple[str, str] | None:
+        """(reason, message) of the newest Warning event about this job (this uid: an event of
+        an earlier job of the same name lives on for an hour), its JobSet or one of the
+        JobSet's Jobs (``<job>-<replicatedJob>-<index>``: where the Job controller reports a
+        quota or admission refusal as FailedCreate), best effort."""
+        objects = self.context.objects
         try:
             listing = objects.call(
                 Action("list", "events", namespace=self.namespace),
                 objects.core.list_namespaced_event,
                 self.namespace,
-                field_selector=selector,
+                field_selector="type=Warning",
             )
         except ApiError:
             return None
-        warnings = [event for event in listing.items if event.type == "Warning"]
+        uid = ((self.job or {}).get("metadata") or {}).get("uid")
+        warnings = [
+            event
+            for event in listing.items
+            if event.type == "Warning" and self._about_this_job(event.involved_object, uid)
+        ]
         if not warnings:
             return None
         latest = max(warnings, key=event_time)
         return latest.reason or "", latest.message or ""
+
+    def _about_this_job(self, involved: Any, uid: str | None) -> bool:
+        if involved is None:
+            return False
+        if involved.kind == self.kind.kind and involved.name == self.name:
+            return not (uid and involved.uid and involved.uid != uid)
+        if self.kind.backend != "trainer":
+            return False
+        return (involved.kind == "JobSet" and involved.name == self.name) or (
+            involved.kind == "Job" and (involved.name or "").startswith(f"{self.name}-")
+        )
 
     def _catch_up_pods(self) -> None:
         """The job's end can arrive before its pods' (two watches): if a pod still looks

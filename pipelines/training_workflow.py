@@ -101,7 +101,10 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
     "storage_secret": ("", "Secret with AWS_* keys for s3:// data, given to the TrainJob's nodes"),
-    "service_account": ("kubetrain", "ServiceAccount the steps run as (kubetrain render rbac creates it)"),
+    "service_account": (
+        "kubetrain",
+        "ServiceAccount the steps run as (kubetrain render rbac creates it)",
+    ),
     "command": (
         "[]",
         'your program instead of our trainer, a JSON list, e.g. ["torchrun", "train.py"]; it '

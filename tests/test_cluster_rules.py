@@ -224,6 +224,16 @@ def test_a_job_with_no_pods_and_no_warning_is_waited_for_and_said_so(k8s) -> Non
     assert "no Warning event says why; still waiting" in said
 
 
+def assert_waits_on_then_completes(backend: KubernetesBackend, emulator: KubeEmulator) -> None:
+    """wait goes on past the no-pods grace, then sees the job complete."""
+    waiter = Waiter(backend, "demo")
+    waiter.start()
+    time.sleep(0.8)
+    assert waiter.is_alive()
+    complete(emulator, "demo")
+    assert waiter.result().state == COMPLETE
+
+
 def test_a_job_whose_initializer_runs_first_is_not_a_job_without_pods(k8s) -> None:
     """Runtimes with initializers start the node job after them (trainer v2.3.0 runtimes'
     JobSet dependsOn): a long download is no reason to fail, whatever Warning is around."""
@@ -238,12 +248,7 @@ def test_a_job_whose_initializer_runs_first_is_not_a_job_without_pods(k8s) -> No
         "spec": {"containers": [{"name": "dataset-initializer", "image": "i"}]},
     })  # fmt: skip
     emulator.add_event(emulator.get("trainjobs", "demo"), "SomethingSlow", "still pulling")
-    waiter = Waiter(backend, "demo")
-    waiter.start()
-    time.sleep(0.8)
-    assert waiter.is_alive()
-    complete(emulator, "demo")
-    assert waiter.result().state == COMPLETE
+    assert_waits_on_then_completes(backend, emulator)
 
 
 def test_a_warning_left_by_an_earlier_job_of_the_same_name_is_not_this_jobs(k8s) -> None:
@@ -255,12 +260,7 @@ def test_a_warning_left_by_an_earlier_job_of_the_same_name_is_not_this_jobs(k8s)
     earlier = emulator.get("trainjobs", "demo")
     earlier = {**earlier, "metadata": {**earlier["metadata"], "uid": "uid-of-an-earlier-demo"}}
     emulator.add_event(earlier, "TrainJobResourcesCreationFailed", "an old refusal")
-    waiter = Waiter(backend, "demo")
-    waiter.start()
-    time.sleep(0.8)
-    assert waiter.is_alive()
-    complete(emulator, "demo")
-    assert waiter.result().state == COMPLETE
+    assert_waits_on_then_completes(backend, emulator)
 
 
 def test_a_quota_refusal_on_the_jobsets_job_fails_the_wait(k8s) -> None:
@@ -583,17 +583,7 @@ def test_an_initializer_container_without_the_initializer_mount_is_refused(k8s) 
 
 
 def test_a_runtime_with_the_initializer_takes_it(k8s) -> None:
-    runtime = objects.torch_runtime("with-data")
-    runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {
-        "name": "dataset-initializer",
-        "template": {
-            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
-                                    "dataset-initializer"}},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": "dataset-initializer", "image": "ghcr.io/kubeflow/dataset-initializer",
-                "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}]}]}}},
-        },
-    })  # fmt: skip
+    runtime = objects.torch_runtime("with-data", initializers=True)
     k8s.emulator.create("clustertrainingruntimes", runtime)
     spec = make_spec(runtime=RuntimeRef("with-data"), dataset_initializer=Initializer("hf://o/d"))
     k8s.backend().launch(spec)

@@ -32,8 +32,8 @@ from kubetrain.artifacts.models import build_model
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
-from tests.support import objects
 from tests.support.argo_server import ArgoServer
+from tests.support.objects import torch_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_INFO = {"spec": "mlp", "sample_shape": [1, 8, 8], "num_classes": 10}  # the digits model
@@ -861,7 +861,7 @@ def test_launch_puts_secrets_in_objects_by_name_only(
     monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "kubeconfig")))
     if extra:  # a dataset initializer needs a runtime with that job (Trainer's JobSet Validate)
         k8s.emulator.create(
-            "clustertrainingruntimes", runtime_with_dataset_initializer("with-data")
+            "clustertrainingruntimes", torch_runtime("with-data", initializers=True)
         )
     outputs = tmp_path / "outputs"
     code, out, err = cli(
@@ -879,24 +879,6 @@ def test_launch_puts_secrets_in_objects_by_name_only(
     expected = {"team-s3", *(["hf-read"] if extra else [])}
     assert {ref["name"] for ref in references} == expected
     assert all(set(ref) <= {"name", "key", "optional"} for ref in references), references
-
-
-def runtime_with_dataset_initializer(name: str) -> dict[str, Any]:
-    """Our default runtime plus a ``dataset-initializer`` job, shaped like upstream's
-    (kubeflow/trainer v2.3.0 manifests/base/runtimes/torchtune/llama3_2/*: its container named
-    after the job, the ``initializer`` volume mounted)."""
-    runtime = objects.torch_runtime(name)
-    runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {
-        "name": "dataset-initializer",
-        "template": {
-            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
-                                    "dataset-initializer"}},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": "dataset-initializer", "image": "ghcr.io/kubeflow/dataset-initializer",
-                "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}]}]}}},
-        },
-    })  # fmt: skip
-    return runtime
 
 
 @pytest.mark.security

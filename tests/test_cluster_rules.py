@@ -73,13 +73,27 @@ def kubeconfig_with(k8s: Any, path: Path, namespace: str | None) -> Path:
 
 
 # --------------------------------------------------------------- 2: the namespace we run in
-def test_an_empty_namespace_is_the_pods_own_service_account_namespace(tmp_path: Path) -> None:
+def test_an_empty_namespace_is_the_pods_own_service_account_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """KFP and Argo run a step's pod in the run's namespace; the kubelet writes it to the
     ServiceAccount's namespace file, as kubectl's in-cluster config reads it."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     in_pod = tmp_path / "namespace"
     in_pod.write_text("team-a\n")
     assert resolve_namespace("", str(in_pod)) == "team-a"
     assert resolve_namespace("given", str(in_pod)) == "given"
+
+
+def test_an_explicit_kubeconfig_names_the_namespace_even_in_a_pod(
+    k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """load_api_client talks to $KUBECONFIG's cluster when it is set, even in a pod: the
+    namespace is that cluster's context's, not the pod's."""
+    in_pod = tmp_path / "namespace"
+    in_pod.write_text("team-a\n")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_with(k8s, tmp_path / "with", "team-b")))
+    assert resolve_namespace("", str(in_pod)) == "team-b"
 
 
 def test_outside_a_pod_an_empty_namespace_is_the_kubeconfig_contexts_else_default(
@@ -94,8 +108,9 @@ def test_outside_a_pod_an_empty_namespace_is_the_kubeconfig_contexts_else_defaul
 
 
 def test_a_backend_with_an_empty_namespace_launches_into_its_pods_namespace(
-    k8s, tmp_path: Path
+    k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     in_pod = tmp_path / "namespace"
     in_pod.write_text("team")
     backend = KubernetesBackend(

@@ -255,13 +255,15 @@ def resolve_namespace(
 ) -> str:
     """``namespace``, or when it is empty the one we run in, as kubectl finds it: the pod's own
     (its ServiceAccount's namespace file: a pipeline step's pod runs in the run's namespace,
-    which KFP and Argo choose), else the kubeconfig's current context's, else ``default``."""
+    which KFP and Argo choose), else the kubeconfig's current context's, else ``default``.
+    An explicit KUBECONFIG comes first, as in ``load_api_client``: the namespace is then of
+    the cluster we talk to."""
     if namespace:
         return namespace
-    in_pod = pod_namespace(service_account_file)
+    config_file = os.environ.get("KUBECONFIG") or None
+    in_pod = None if config_file else pod_namespace(service_account_file)
     if in_pod:
         return in_pod
-    config_file = os.environ.get("KUBECONFIG") or None
     check_kubeconfig_files(
         config_file or os.path.expanduser(kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION)
     )

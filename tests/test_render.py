@@ -523,3 +523,18 @@ def test_cli_refuses_a_script_over_1_mib(capsys, tmp_path):
     assert main(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("kubetrain render: error: script: ")
+
+
+def test_offline_render_for_trainer_2_2_warns_that_it_cannot_merge_the_runtimes_resources(
+    capsys,
+):
+    """Trainer <= 2.2 replaces the runtime's resources (kubeflow/trainer v2.2.0
+    pkg/runtime/core/trainingruntime.go); launch merges them, render cannot read the runtime."""
+    assert (
+        main(["render", "trainjob", "--name", "demo", "--trainer-version", "2.2", "--cpu", "2"])
+        == 0
+    )
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert "Trainer 2.2 replaces the runtime's resources" in warning
+    assert main(["render", "trainjob", "--name", "demo", "--cpu", "2"]) == 0
+    assert capsys.readouterr().err == ""

@@ -14,6 +14,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
@@ -144,7 +145,18 @@ def _set_default(parser: argparse.ArgumentParser, dest: str, default: Any, help_
 
 
 def run(args: argparse.Namespace) -> int:
-    return _print_documents(render_documents(args))
+    documents = render_documents(args)
+    if args.trainer_version in ("2.1", "2.2") and (args.cpu or args.memory or args.gpu):
+        # Trainer <= 2.2 replaces the runtime's resources with the TrainJob's (kubeflow/trainer
+        # v2.2.0 pkg/runtime/core/trainingruntime.go); launch merges the runtime's in first,
+        # render cannot read it.
+        print(
+            f"kubetrain render: warning: Trainer {args.trainer_version} replaces the runtime's "
+            "resources with these; `kubetrain launch` merges the runtime's in first (it reads "
+            "the runtime), this offline render does not",
+            file=sys.stderr,
+        )
+    return _print_documents(documents)
 
 
 def run_runtimes(args: argparse.Namespace) -> int:

@@ -126,7 +126,12 @@ def trainjob_crd(trainer_version: str = "2.3") -> dict[str, Any]:
     if trainer_version == "2.1":
         properties["podTemplateOverrides"] = {"type": "array", "items": {"type": "object"}}
     else:
-        properties["runtimePatches"] = {"type": "array", "items": {"type": "object"}}
+        patch: dict[str, Any] = {"type": "object"}
+        if trainer_version != "2.2":
+            # what tells 2.3 from 2.2 (kubeflow/trainer v2.3.0 trainer.kubeflow.org_trainjobs.yaml:
+            # runtimePatches can set terminationGracePeriodSeconds; v2.2.0's cannot)
+            patch["properties"] = {"terminationGracePeriodSeconds": {"type": "integer"}}
+        properties["runtimePatches"] = {"type": "array", "items": patch}
     return crd(TRAINER_GROUP, "TrainJob", "trainjobs", spec_properties=properties)
 
 
@@ -135,7 +140,11 @@ def runtime_crds() -> list[dict[str, Any]]:
     real = [real_trainer_crd(p) for p in ("clustertrainingruntimes", "trainingruntimes")]
     if all(crd is not None for crd in real):
         return [crd for crd in real if crd is not None]
-    template = {"mlPolicy": {"type": "object"}, "template": {"type": "object"}}
+    template = {
+        "mlPolicy": {"type": "object"},
+        "podGroupPolicy": {"type": "object"},
+        "template": {"type": "object"},
+    }
     return [
         crd(
             TRAINER_GROUP,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from kubetrain.artifacts.checkpoint import (
     latest_checkpoint,
     load_full_state_dict,
     load_model,
+    prune_checkpoints,
     restore_checkpoint,
     save_checkpoint,
     verify_checkpoint,
@@ -122,6 +124,68 @@ def test_latest_checkpoint_skips_incomplete_and_hidden_folders(tmp_path: Path) -
     assert latest_checkpoint(tmp_path) == good
     (tmp_path / "LATEST").unlink()
     assert latest_checkpoint(tmp_path) == good
+
+
+def _epochs_1_to_6(ckpt_dir: Path) -> None:
+    """Six complete FSDP checkpoints (folders of DCP shards), a staging folder, a manifest-less
+    folder and LATEST naming epoch 6: what a 6-epoch run leaves with retention off."""
+    model, optimizer = trained()
+    first = save(ckpt_dir, model, optimizer, epoch=1, strategy="fsdp")
+    for epoch in range(2, 7):
+        shutil.copytree(first, ckpt_dir / f"epoch-{epoch:06d}")
+    (ckpt_dir / ".tmp-epoch-000007-0a1b").mkdir()  # being written
+    (ckpt_dir / "epoch-000000").mkdir()  # no manifest: not ours to judge
+    (ckpt_dir / "LATEST").write_text("epoch-000006\n")
+
+
+def _epoch_folders(ckpt_dir: Path) -> list[str]:
+    return sorted(path.name for path in ckpt_dir.iterdir() if path.name != "LATEST")
+
+
+def test_retention_keeps_the_newest_n_and_what_a_reader_may_hold(tmp_path: Path) -> None:
+    _epochs_1_to_6(tmp_path)
+    removed = prune_checkpoints(tmp_path, 2, latest_before="epoch-000005")
+    assert sorted(Path(path).name for path in removed) == [f"epoch-00000{e}" for e in (1, 2, 3, 4)]
+    assert _epoch_folders(tmp_path) == [
+        ".tmp-epoch-000007-0a1b", "epoch-000000", "epoch-000005", "epoch-000006"
+    ]  # fmt: skip
+    verify_checkpoint(tmp_path / "epoch-000006")
+
+
+def test_retention_of_one_deletes_the_previous_latest_only_an_epoch_later(tmp_path: Path) -> None:
+    _epochs_1_to_6(tmp_path)
+    prune_checkpoints(tmp_path, 1, latest_before="epoch-000005")
+    assert [name for name in _epoch_folders(tmp_path) if name.startswith("epoch-0000")] == [
+        "epoch-000000", "epoch-000005", "epoch-000006"
+    ]  # fmt: skip
+
+
+def test_retention_never_deletes_what_latest_names(tmp_path: Path) -> None:
+    _epochs_1_to_6(tmp_path)
+    (tmp_path / "LATEST").write_text("epoch-000002\n")  # pointed back at an older epoch
+    prune_checkpoints(tmp_path, 2, latest_before="epoch-000003")
+    assert [name for name in _epoch_folders(tmp_path) if name.startswith("epoch-0000")] == [
+        "epoch-000000", "epoch-000002", "epoch-000003", "epoch-000004", "epoch-000005",
+        "epoch-000006",
+    ]  # fmt: skip
+
+
+def test_retention_of_zero_keeps_all(tmp_path: Path) -> None:
+    _epochs_1_to_6(tmp_path)
+    before = _epoch_folders(tmp_path)
+    assert prune_checkpoints(tmp_path, 0, latest_before="epoch-000005") == []
+    assert prune_checkpoints(tmp_path, 2, latest_before=None) == []  # the first checkpoint
+    assert _epoch_folders(tmp_path) == before
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("keep", [-1, 1.5, True])
+def test_a_bad_retention_count_is_refused_in_one_line(tmp_path: Path, keep) -> None:
+    _epochs_1_to_6(tmp_path)
+    with pytest.raises(InvalidInput, match="^--keep-checkpoints: .*; pass 0 to keep all") as exc:
+        prune_checkpoints(tmp_path, keep, latest_before="epoch-000005")
+    assert "\n" not in str(exc.value)
+    assert len(list(tmp_path.glob("epoch-*"))) == 7
 
 
 @pytest.mark.fault

@@ -120,6 +120,14 @@ def test_single_process_checkpoints_every_epoch_and_resumes(
     assert epoch_lines(again.stdout) == []
     assert f"training complete: epoch 3 step {3 * steps_per_epoch}" in again.stdout
 
+    # --keep-checkpoints 2 to epoch 6: each epoch deletes only what is older than the
+    # checkpoint LATEST named before it (a reader may hold that one), so 2 stay at the end.
+    kept = run_python(train_args(digits_dir, ckpt, "--epochs", "6", "--keep-checkpoints", "2"))
+    assert kept.returncode == 0, kept.stderr
+    assert sorted(path.name for path in ckpt.glob("epoch-*")) == ["epoch-000005", "epoch-000006"]
+    assert (ckpt / "LATEST").read_text().strip() == "epoch-000006"
+    assert not list(ckpt.glob(".tmp-*"))
+
 
 def test_custom_dataset_and_model_callables_train_in_process(
     digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -247,6 +255,8 @@ def test_bad_option_exits_nonzero_with_one_line(digits_dir: Path, tmp_path: Path
         (["--grad-accum-steps", "0"], "--grad-accum-steps"),
         (["--clip-grad-norm", "-1"], "--clip-grad-norm"),
         (["--checkpoint-every", "0"], "--checkpoint-every"),
+        (["--keep-checkpoints", "-1"], "--keep-checkpoints"),
+        (["--keep-checkpoints", "two"], "--keep-checkpoints"),
         (["--strategy", "zero3"], "--strategy"),
         (["--optimizer", "lion"], "--optimizer"),
         (["--resume", "maybe"], "--resume"),

@@ -66,6 +66,7 @@ from torch import nn
 from kubetrain import storage
 from kubetrain.artifacts.checkpoint_manifest import (
     DCP_DIR,
+    EPOCH_NAME,
     FORMAT,
     LATEST,
     MANIFEST,
@@ -74,6 +75,7 @@ from kubetrain.artifacts.checkpoint_manifest import (
     STRATEGIES,
     PathLike,
     checkpoint_name,
+    is_complete,
     latest_checkpoint,
     read_manifest,
     verify_checkpoint,
@@ -85,9 +87,9 @@ from kubetrain.storage import atomic
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
     "DCP_DIR", "FORMAT", "LATEST", "MANIFEST", "MODEL_FILE", "OPTIMIZER_FILE", "STRATEGIES",
-    "checkpoint_name", "latest_checkpoint", "load_full_state_dict", "load_model",
-    "lock_checkpoint_dir", "read_manifest", "restore_checkpoint", "save_checkpoint",
-    "verify_checkpoint",
+    "checkpoint_name", "latest_checkpoint", "latest_name", "load_full_state_dict", "load_model",
+    "lock_checkpoint_dir", "prune_checkpoints", "read_manifest", "restore_checkpoint",
+    "save_checkpoint", "verify_checkpoint",
 ]  # fmt: skip
 
 # DCP warns when used without a process group; loading that way is what we mean to do.
@@ -397,6 +399,52 @@ def _clear(target: PathLike) -> None:
         staging.mkdir(parents=True)
         return
     storage.retract(target, MANIFEST)
+
+
+def latest_name(checkpoint_dir: PathLike) -> str | None:
+    """The folder name ``LATEST`` holds now, unchecked (None when there is none)."""
+    try:
+        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return named if EPOCH_NAME.fullmatch(named) else None
+
+
+def prune_checkpoints(
+    checkpoint_dir: PathLike, keep: int, latest_before: str | None
+) -> list[Path | str]:
+    """Delete the complete epoch checkpoints beyond the newest ``keep`` (0 keeps all), by rank 0
+    once the newest is published; return what was deleted.
+
+    Only folders older than ``latest_before`` (what ``LATEST`` named before this epoch's
+    checkpoint) go: a reader that resolved ``LATEST`` earlier still finds its folder, so with
+    ``keep`` 1 two checkpoints stay until the next epoch. What ``LATEST`` names now stays, and
+    so do staging dot-folders and folders without a readable manifest (half-written or not
+    ours). Each goes manifest first, so a folder half-deleted by a crash is never taken as a
+    checkpoint.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise InvalidInput(
+            "--keep-checkpoints", f"{keep!r} is not a whole number >= 0", "pass 0 to keep all, or N"
+        )
+    if keep == 0 or latest_before is None or not storage.is_dir(checkpoint_dir):
+        return []
+    epochs = sorted(
+        (int(match.group(1)), name)
+        for name in storage.list_dirs(checkpoint_dir)
+        if (match := EPOCH_NAME.fullmatch(name)) and is_complete(storage.join(checkpoint_dir, name))
+    )
+    protected = {latest_name(checkpoint_dir), latest_before}
+    before = EPOCH_NAME.fullmatch(latest_before)
+    if before is None:
+        return []
+    removed: list[Path | str] = []
+    for epoch, name in epochs[:-keep]:
+        if epoch < int(before.group(1)) and name not in protected:
+            folder = storage.join(checkpoint_dir, name)
+            storage.retract(folder, MANIFEST)
+            removed.append(folder)
+    return removed
 
 
 # --- one writer per checkpoint folder ---------------------------------------------------------

@@ -31,7 +31,7 @@ LATEST = "LATEST"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 DCP_DIR = "dcp"
-_NAME = re.compile(r"epoch-(\d{6,})")
+EPOCH_NAME = re.compile(r"epoch-(\d{6,})")
 _FIELDS = {
     "epoch": WHOLE,
     "step": WHOLE,
@@ -77,7 +77,7 @@ def listed_files(ckpt_path: PathLike, manifest: dict[str, Any]) -> dict[str, str
     return check_digests(ckpt_path, manifest["files"], f"checkpoint {ckpt_path}")
 
 
-def _is_complete(folder: PathLike) -> bool:
+def is_complete(folder: PathLike) -> bool:
     try:
         read_manifest(folder)
     except IntegrityError:
@@ -86,7 +86,7 @@ def _is_complete(folder: PathLike) -> bool:
 
 
 def _epoch_of(name: str) -> int:
-    match = _NAME.fullmatch(name)
+    match = EPOCH_NAME.fullmatch(name)
     return int(match.group(1)) if match else -1
 
 
@@ -100,11 +100,11 @@ def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
         named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
     except (OSError, UnicodeDecodeError, IntegrityError):
         named = ""
-    if _NAME.fullmatch(named) and _is_complete(storage.join(checkpoint_dir, named)):
+    if EPOCH_NAME.fullmatch(named) and is_complete(storage.join(checkpoint_dir, named)):
         return storage.join(checkpoint_dir, named)
-    names = [name for name in storage.list_dirs(checkpoint_dir) if _NAME.fullmatch(name)]
+    names = [name for name in storage.list_dirs(checkpoint_dir) if EPOCH_NAME.fullmatch(name)]
     for name in sorted(names, key=_epoch_of, reverse=True):
-        if _is_complete(storage.join(checkpoint_dir, name)):
+        if is_complete(storage.join(checkpoint_dir, name)):
             return storage.join(checkpoint_dir, name)
     return None
 

@@ -30,6 +30,7 @@ class TrainOptions:
     clip_grad_norm: float
     checkpoint_dir: str
     checkpoint_every: int
+    keep_checkpoints: int
     resume: str
     seed: int
     device: str
@@ -114,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint every N epochs; the final epoch is always checkpointed; default: 1",
     )
     add(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="N",
+        help="after each checkpoint, delete the epoch checkpoints beyond the newest N (never the "
+        "one LATEST names, nor one a reader may have just resolved); 0 keeps all; default: 3",
+    )
+    add(
         "--resume",
         default="auto",
         choices=("auto", "never"),
@@ -147,6 +156,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
     _at_least("--batch-size", args.batch_size, 1, "pass --batch-size 1 or more")
     _at_least("--grad-accum-steps", args.grad_accum_steps, 1, "pass --grad-accum-steps 1 or more")
     _at_least("--checkpoint-every", args.checkpoint_every, 1, "pass --checkpoint-every 1 or more")
+    _at_least("--keep-checkpoints", args.keep_checkpoints, 0, "pass 0 to keep all, or N")
     _at_least("--clip-grad-norm", args.clip_grad_norm, 0, "pass a positive norm, or 0 to disable")
     rules.positive_number(args.lr, "--lr", "pass a finite learning rate such as 1e-3")
     if args.dataset == "prepared":
@@ -183,6 +193,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         clip_grad_norm=args.clip_grad_norm,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         seed=args.seed,
         device=args.device,

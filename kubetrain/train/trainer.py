@@ -12,7 +12,9 @@ from torch import nn
 from kubetrain.artifacts.checkpoint import (
     CheckpointLock,
     latest_checkpoint,
+    latest_name,
     lock_checkpoint_dir,
+    prune_checkpoints,
     read_manifest,
     restore_checkpoint,
     save_checkpoint,
@@ -159,6 +161,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
         metrics.append(record)
         reporter.line(epoch_line(record, options.epochs))
         if epoch % options.checkpoint_every == 0 or epoch == options.epochs:
+            latest_before = latest_name(options.checkpoint_dir) if runtime.rank == 0 else None
             last = str(
                 save_checkpoint(
                     options.checkpoint_dir,
@@ -172,6 +175,8 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
                 )
             )
             reporter.line(f"checkpoint saved: {last}")
+            if runtime.rank == 0:
+                prune_checkpoints(options.checkpoint_dir, options.keep_checkpoints, latest_before)
     final_epoch = max(options.epochs, first_epoch - 1)
     reporter.line(f"training complete: epoch {final_epoch} step {step} checkpoint {last}")
     return last

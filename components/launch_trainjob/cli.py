@@ -202,6 +202,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="checkpoint every N epochs (the last one always); default 1",
     )
+    training.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="N",
+        help="keep the newest N epoch checkpoints (and the one LATEST names), deleting older "
+        "ones as training goes; 0 keeps all; default 3",
+    )
 
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:
@@ -269,6 +277,7 @@ def request_from_args(args: argparse.Namespace):
             batch_size=args.batch_size,
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
         ),
         command=program_from_args(args),
         name=args.name,

@@ -39,6 +39,7 @@ def launch_trainjob(
     command: Optional[list] = None,  # noqa: UP045
     script: str = "",
     checkpoint_every: int = 1,
+    keep_checkpoints: int = 3,
     trainer_version: str = "auto",
     runtime_kind: str = "ClusterTrainingRuntime",
     volumes: Optional[list] = None,  # noqa: UP045
@@ -107,6 +108,7 @@ def launch_trainjob(
             batch_size=batch_size,
             lr=lr,
             checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
         ),
         command=tuple(text_list(command, "command")),
         name=job_name,

@@ -55,6 +55,7 @@ class TrainingOptions:
     batch_size: int = 32
     lr: float = 1e-3
     checkpoint_every: int = 1
+    keep_checkpoints: int = 3
 
     def validate(self) -> None:
         """The rules `submit` applies to the same parameters (``param_option.VALUE_RULES``)."""
@@ -72,6 +73,9 @@ class TrainingOptions:
             ("checkpoint_every", self.checkpoint_every),
         ):
             rules.whole_number(value, field_name, 1)
+        rules.whole_number(
+            self.keep_checkpoints, "keep_checkpoints", 0, fix="pass 0 to keep all, or N"
+        )
         rules.positive_number(self.lr, "lr")
 
     def validate_locations(self) -> None:
@@ -102,6 +106,8 @@ class TrainingOptions:
             repr(self.lr),
             "--checkpoint-every",
             str(self.checkpoint_every),
+            "--keep-checkpoints",
+            str(self.keep_checkpoints),
             "--resume",
             "auto",
         )

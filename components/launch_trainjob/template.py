@@ -85,6 +85,8 @@ def launch_trainjob_template(
         input_parameter("active_deadline_seconds", "fail the job after this many seconds "
                         "running; empty = none", ""),
         input_parameter("checkpoint_every", "checkpoint every N epochs", "1"),
+        input_parameter("keep_checkpoints", "keep the newest N epoch checkpoints; 0 = all",
+                        "3"),
         input_parameter("dataset_uri", "dataset for the Trainer's initializer; empty = none",
                         ""),
         input_parameter("dataset_secret", "Secret with the dataset's credentials", ""),
@@ -171,6 +173,8 @@ def launch_trainjob_template(
             inputs("active_deadline_seconds"),
             "--checkpoint-every",
             inputs("checkpoint_every"),
+            "--keep-checkpoints",
+            inputs("keep_checkpoints"),
             "--dataset-uri",
             inputs("dataset_uri"),
             "--dataset-secret",

@@ -60,6 +60,7 @@ def test_names_derive_from_the_run_so_a_retry_finds_its_job():
         ({"epochs": 0}, "epochs"),
         ({"batch_size": 0}, "batch_size"),
         ({"lr": 0.0}, "lr"),
+        ({"keep_checkpoints": -1}, "keep_checkpoints"),
     ],
 )
 def test_bad_training_options_create_nothing(local_root, options, field):
@@ -67,6 +68,24 @@ def test_bad_training_options_create_nothing(local_root, options, field):
         launch(LaunchRequest(TrainingOptions(**{"data_dir": "/data", **options}), name="never"))
     assert refused.value.field == field
     assert not (local_root / "never").exists()
+
+
+def test_keep_checkpoints_reaches_the_trainer_from_the_cli_and_the_argo_template():
+    from kubetrain.cli import build_parser
+    from kubetrain.components.launch_trainjob.cli import request_from_args
+    from kubetrain.components.launch_trainjob.template import launch_trainjob_template
+
+    def kept(*extra: str) -> str:
+        args = build_parser().parse_args(["launch", "--data", "/data", *extra])
+        trainer_args = request_from_args(args).training.trainer_args("/ckpt")
+        return trainer_args[trainer_args.index("--keep-checkpoints") + 1]
+
+    assert (kept(), kept("--keep-checkpoints", "0")) == ("3", "0")
+    template = launch_trainjob_template()
+    (default,) = [p.default for p in template.inputs if p.name == "keep_checkpoints"]
+    argv = template.args
+    assert default == "3"
+    assert argv[argv.index("--keep-checkpoints") + 1] == "{{inputs.parameters.keep_checkpoints}}"
 
 
 def test_bad_topology_creates_nothing(local_root):

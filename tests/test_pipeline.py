@@ -218,12 +218,32 @@ def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     assert job.name == derive_job_name(run_name)
     # the exit handler ran and left the succeeded run's job alone
     assert "the run succeeded: its job ended by itself" in result.stdout
+    # Issue 18 (1): concise by default, no colour when not on a terminal: a line per step as
+    # it starts and ends, rank 0's epoch lines, the summary last; no KFP executor dumps.
+    lines = result.stdout.splitlines()
+    assert len(lines) < 40, result.stdout
+    assert "\x1b[" not in result.stdout + result.stderr
+    assert "executor_input" not in result.stdout and "Executing task" not in result.stdout
+    assert "dataset-prep started" in lines and "wait-trainjob started" in lines
+    assert re.search(r"^wait-trainjob done in \d+\.\ds$", result.stdout, re.MULTILINE)
+    assert sum(line.startswith("  epoch ") for line in lines) == 10
+    assert lines[-8] == "" and lines[-7].startswith("kubetrain run: 2 node(s)")
+    assert lines[-1].startswith("promoted ")
 
 
 def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
+    """With --verbose (issue 18 (1)): KFP's local-runner logging and executor dumps too, their
+    colour stripped when not on a terminal (kfp 2.17 kfp/local/logging_utils.py colours)."""
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
-    result = run_pipeline(tmp_path, "--epochs", "1", "--threshold", "0.999", "--strategy", "fsdp")
+    result = run_pipeline(
+        tmp_path, "--epochs", "1", "--threshold", "0.999", "--strategy", "fsdp", "--verbose"
+    )
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Got executor_input:" in result.stdout
+    assert "Executing task 'wait-trainjob'" in result.stdout
+    assert "checkpoint saved: " in result.stdout
+    assert "\x1b[" not in result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].startswith("promoted no ")
     assert "below threshold" in result.stdout
     # the gate said no, so promote did not run (issue 17 (20))
     assert "not promoting: the model did not pass the evaluation" in result.stdout
@@ -239,7 +259,14 @@ def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
     result = run_pipeline(tmp_path, "--timeout", "1")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Inner task failed: " in result.stderr and "wait-trainjob" in result.stderr
+    # Issue 18 (2): the run ends with the failing step, its cause and how to see more, no colour
+    last_line = result.stderr.splitlines()[-1]
+    assert last_line.startswith(
+        "kubetrain run: error: step wait-trainjob failed: timed out after 1s waiting for job "
+    ), last_line
+    assert last_line.endswith("; to see more: kubetrain run --verbose (the same options)")
+    assert "\x1b[" not in result.stdout + result.stderr
+    assert re.search(r"^wait-trainjob failed after \d+\.\ds: timed out", result.stdout, re.M)
     deleted = re.search(r"the run ended FAILED: deleted (\S+)", result.stdout)
     assert deleted, result.stdout[-3000:]
     assert list((tmp_path / "jobs").iterdir()) == []

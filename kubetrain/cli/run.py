@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 import uuid
 import warnings
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
@@ -106,6 +108,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1800,
         help="stop the training job when it logs nothing for this many seconds while running "
         "(a hung rank); default 1800, 0 = never",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print KFP's local-runner logging and every step's whole output (executor inputs, "
+        "outputs); default: one line per step as it starts and ends, the training lines, the "
+        "summary",
     )
     parser.add_argument(
         "command",
@@ -209,8 +218,13 @@ def run(args: argparse.Namespace) -> int:
     pipeline_root = args.output.resolve()
     registry = registry_folder(args).resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    view = RunOutput(args.verbose, sys.stdout, colour_wanted(sys.stdout))
     started = time.monotonic()
-    with stopped_whole_on_interrupt(pipeline_root), run_resource_name_resolved() as run_names:
+    with (
+        stopped_whole_on_interrupt(pipeline_root),
+        run_resource_name_resolved() as run_names,
+        kfp_output_shaped(view),
+    ):
         try:
             training_pipeline(
                 # the job runs here, as processes the steps start, not on a cluster
@@ -233,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
                 script=str(Path(args.script).absolute()) if args.script else "",
             )
         except RuntimeError as exc:
-            raise KubetrainError(f"pipeline failed: {exc}") from exc
+            see_more = how_to_see_more([pipeline_root / name for name in run_names])
+            raise KubetrainError(view.failure(see_more, f"pipeline failed: {exc}")) from exc
     elapsed = time.monotonic() - started
     (run_name,) = run_names
     steps = pipeline_root / run_name
@@ -271,6 +286,20 @@ EXECUTOR_OUTPUT = "executor_output.json"
 def step_parameters(steps: Path, step: str) -> dict[str, Any]:
     """The output parameters step ``step`` of the run in ``steps`` returned."""
     return json.loads((steps / step / EXECUTOR_OUTPUT).read_text())["parameterValues"]
+
+
+def how_to_see_more(run_folders: list[Path]) -> str:
+    """The command that shows more of a failed run: the job's logs while the job is there (the
+    exit handler deletes a failed run's job), else the run again with every step's output."""
+    from kubetrain.backends.local.backend import LocalBackend
+
+    for steps in run_folders:  # none when the run failed before its first step
+        if not (steps / "launch-trainjob" / EXECUTOR_OUTPUT).is_file():
+            continue
+        job = step_parameters(steps, "launch-trainjob")["job_name"]
+        if LocalBackend().job_dir(job).is_dir():
+            return f"kubetrain logs {job}"
+    return "kubetrain run --verbose (the same options)"
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeSt
 from kubetrain.backends.local.env_references import expand_all
 from kubetrain.backends.local.files import node_log, read_status, write_status
 from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
-from kubetrain.backends.torchrun_report import describe_code
+from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
 
 POLL_SECONDS = 0.05
@@ -89,6 +89,7 @@ def supervise(job_dir: Path) -> JobStatus:
         signal.signal(signum, lambda sig, _frame: stop_requested.append(sig))
 
     while True:
+        attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(spec.num_nodes)]
         processes = start_nodes(job_dir, spec, record["cwd"], status)
         if status.state == FAILED:
             return status
@@ -97,6 +98,8 @@ def supervise(job_dir: Path) -> JobStatus:
             return finish(job_dir, status, COMPLETE, reason, message)
         stop_nodes(processes)
         record_exit_codes(status, processes)
+        if reason == "NodeFailed":
+            message = name_failing_rank(job_dir, status, attempt_starts) or message
         if reason == "NodeFailed" and status.restarts < spec.max_restarts:
             # JobSet's failurePolicy: every node starts again (a torch job cannot go on with
             # one rank replaced); the trainer resumes from the newest checkpoint.
@@ -109,6 +112,42 @@ def supervise(job_dir: Path) -> JobStatus:
                     )
             continue
         return finish(job_dir, status, FAILED, reason, message)
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def name_failing_rank(job_dir: Path, status: JobStatus, attempt_starts: list[int]) -> str:
+    """The failure message naming the rank that failed first and its exception, e.g. "node 1
+    exited with code 1: [rank 2] RuntimeError: boom", read from this attempt's node logs
+    (``torchrun_report.first_failure``); "" when they name nothing but a peer's going away.
+    The node that exited first is not always the one whose rank failed first, so the job's
+    failed node becomes the one whose torchrun reported that rank's failure."""
+    node_logs = {}
+    for node, start in zip(status.nodes, attempt_starts, strict=True):
+        path = node_log(job_dir, node.rank)
+        try:
+            with open(path, "rb") as log:
+                log.seek(max(start, log_size(path) - TAIL_BYTES))
+                node_logs[node.rank] = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            continue  # best effort: the failure is reported all the same
+    found = first_failure(node_logs)
+    if found is None:
+        return ""
+    rank, failure = found
+    if failure.consequence:
+        return ""  # no rank's own failure found: the node that exited first stays the cause
+    if failure.exit_code is not None:  # from its node's report: that node failed by itself
+        status.failed_rank = rank
+    node = status.failed_node
+    code = node.exit_code if node is not None and node.exit_code is not None else 1
+    where = ": " if rank == status.failed_rank else f"; on node {rank}: "
+    return f"node {status.failed_rank} {describe_code(code)}{where}{failure.describe()}"
 
 
 def _in_launch_folder(part: str, launch_folder: str) -> str:

@@ -67,6 +67,17 @@ class JobStatus:
         return cls(**{**data, "nodes": nodes})
 
 
+@dataclass(frozen=True)
+class JobRow:
+    """One line of `kubetrain list`, the same for local and cluster jobs; ``nodes`` is None
+    when the job's record does not say."""
+
+    name: str
+    state: str
+    age_seconds: float
+    nodes: int | None
+
+
 class Backend(Protocol):
     def launch(self, spec: TrainJobSpec) -> str:
         """Create the job and return its name at once, without waiting for it to run."""

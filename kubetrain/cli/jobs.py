@@ -1,15 +1,38 @@
-"""`kubetrain logs` and `kubetrain delete`: look at and remove a job on any backend."""
+"""`kubetrain list`, `kubetrain logs` and `kubetrain delete`: find, look at and remove a job
+on any backend."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, TextIO
 
 from kubetrain.backends import get_backend
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.errors import InvalidInput, JobNotFound
 
+if TYPE_CHECKING:
+    from kubetrain.backends.base import JobRow
+
+#: The columns of `kubetrain list`, as kubectl names its own.
+LIST_COLUMNS = ("NAME", "STATE", "AGE", "NODES")
+BOLD, RESET = "\x1b[1m", "\x1b[0m"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    listing = subparsers.add_parser(
+        "list",
+        help="list jobs: name, state, age, nodes",
+        description=(
+            "List jobs, running and finished, with their state, age and nodes: the local "
+            "backend's (under $KUBETRAIN_LOCAL_ROOT, default ~/.kubetrain/local), or with "
+            "--backend trainer|job kubetrain's TrainJobs / Jobs in --namespace."
+        ),
+    )
+    add_backend_arguments(listing)
+    listing.set_defaults(handler=run_list)
+
     logs = subparsers.add_parser(
         "logs",
         help="print a job's logs",
@@ -53,6 +76,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_backend_arguments(delete)
     delete.set_defaults(handler=run_delete)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    backend = get_backend(args.backend, backend_options(args))  # refuses an unknown name
+    if args.backend == "local":
+        from kubetrain.backends.local.listing import list_local_jobs
+
+        rows, where = list_local_jobs(backend.root), f"under {backend.root}"
+    else:
+        rows, where = backend.list_jobs(), f"in namespace {backend.namespace}"
+    print(job_table(rows, sys.stdout), end="")
+    if not rows:
+        print(f"no {args.backend} jobs {where}", file=sys.stderr)
+    return 0
+
+
+def job_table(rows: list[JobRow], stream: TextIO) -> str:
+    """Aligned columns under a header, bold only on a terminal with ``NO_COLOR`` unset
+    (https://no-color.org); plain text otherwise, so it greps and pipes."""
+    cells = [LIST_COLUMNS] + [
+        (row.name, row.state, age(row.age_seconds), "-" if row.nodes is None else str(row.nodes))
+        for row in rows
+    ]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(LIST_COLUMNS))]
+    lines = [
+        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    ]
+    if stream.isatty() and not os.environ.get("NO_COLOR"):
+        lines[0] = f"{BOLD}{lines[0]}{RESET}"
+    return "\n".join(lines) + "\n"
+
+
+def age(seconds: float) -> str:
+    """kubectl's short form: 45s, 12m, 5h, 3d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
 
 
 def run_logs(args: argparse.Namespace) -> int:

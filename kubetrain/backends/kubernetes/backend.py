@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
@@ -30,7 +31,7 @@ import kubernetes.client
 
 from kubetrain import rules
 from kubetrain.backends import BackendOptions
-from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobStatus
+from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobRow, JobStatus
 from kubetrain.backends.cancel import Cancelled, signals_cancel
 from kubetrain.backends.kubernetes.client import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
@@ -74,7 +75,12 @@ from kubetrain.backends.kubernetes.watch import WATCH_SECONDS
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.render import render_job
-from kubetrain.render.metadata import JOB_NAME_LABEL, validate_namespace
+from kubetrain.render.metadata import (
+    JOB_NAME_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    validate_namespace,
+)
 from kubetrain.render.pod import default_checkpoint_dir
 from kubetrain.render.script import script_configmap_name
 
@@ -223,14 +229,21 @@ class KubernetesBackend:
         """The job's pods (``list_job_pods``, which a wait session calls too)."""
         return list_job_pods(self.objects, self.kind, self.namespace, name)
 
-    def status(self, name: str) -> JobStatus:
-        job = self.get_job(name)
-        pods = self.list_pods(name)
+    def _state(
+        self, job: dict[str, Any], pods: list[kubernetes.client.V1Pod]
+    ) -> tuple[str, str, str]:
+        """The object's conditions, and Running while undecided with a pod running."""
         state, reason, message = self.kind.state(job)
         if state not in TERMINAL_STATES and any(
             pod.status and pod.status.phase == "Running" for pod in pods
         ):
             state = RUNNING
+        return state, reason, message
+
+    def status(self, name: str) -> JobStatus:
+        job = self.get_job(name)
+        pods = self.list_pods(name)
+        state, reason, message = self._state(job, pods)
         failure = first_failure(pods) if state == FAILED else None
         return JobStatus(
             name=name,
@@ -429,9 +442,36 @@ class KubernetesBackend:
             raise errors[0]
 
     def _node_count(self, name: str) -> int:
-        spec = self.get_job(name).get("spec") or {}
-        count = (spec.get("trainer") or {}).get("numNodes") or spec.get("completions") or 1
-        return int(count)
+        return _nodes_of(self.get_job(name))
+
+    # -------------------------------------------------------------------------- list
+    def list_jobs(self) -> list[JobRow]:
+        """kubetrain's jobs of this kind in the namespace (labelled ``managed-by: kubetrain``,
+        ``render.metadata.object_labels``), by name; one list of the jobs, then one of each
+        job's pods to tell Running from Created, as ``status`` does."""
+        namespace = self.namespace
+        try:
+            listing = self.objects.call(
+                Action("list", self.kind.plural, self.kind.group, namespace=namespace),
+                self.objects.custom.list_namespaced_custom_object,
+                self.kind.group,
+                self.kind.version,
+                namespace,
+                self.kind.plural,
+                label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+            )
+        except NotFound as missing:
+            if missing.resource_missing and self.kind.backend == "trainer":
+                raise TrainerNotInstalled() from None
+            raise
+        now = time.time()
+        rows = []
+        for job in sorted(listing.get("items") or [], key=lambda job: job["metadata"]["name"]):
+            name = job["metadata"]["name"]
+            state, _, _ = self._state(job, self.list_pods(name))
+            created_at = timestamp(job["metadata"].get("creationTimestamp"))
+            rows.append(JobRow(name, state, max(0.0, now - created_at), _nodes_of(job)))
+        return rows
 
     # ------------------------------------------------------------------------ delete
     def delete(self, name: str) -> None:
@@ -466,3 +506,9 @@ class KubernetesBackend:
                 f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; nothing to "
                 "delete: check the name and --namespace, or pass --ignore-not-found"
             )
+
+
+def _nodes_of(job: dict[str, Any]) -> int:
+    """Nodes of a TrainJob (``spec.trainer.numNodes``) or an Indexed Job (``completions``)."""
+    spec = job.get("spec") or {}
+    return int((spec.get("trainer") or {}).get("numNodes") or spec.get("completions") or 1)

@@ -178,6 +178,27 @@ def test_retention_of_zero_keeps_all(tmp_path: Path) -> None:
     assert _epoch_folders(tmp_path) == before
 
 
+BUCKET = "kubetrain-retention"  # the s3 fixture's bucket
+
+
+def test_retention_on_object_storage_takes_each_folder_down_manifest_first(
+    tmp_path: Path, s3_env
+) -> None:
+    from kubetrain import storage
+
+    _epochs_1_to_6(tmp_path / "local")
+    ckpt = f"s3://{BUCKET}/ckpt"
+    fs, _ = storage.resolve(ckpt)
+    for epoch in range(1, 7):
+        name = f"epoch-{epoch:06d}"
+        fs.put(str(tmp_path / "local" / name), f"{BUCKET}/ckpt/{name}", recursive=True)
+    storage.write_text(f"{ckpt}/LATEST", "epoch-000006\n")
+    removed = prune_checkpoints(ckpt, 2, latest_before="epoch-000005")
+    assert removed == [f"{ckpt}/epoch-00000{epoch}" for epoch in (1, 2, 3, 4)]
+    assert sorted(storage.list_dirs(ckpt)) == ["epoch-000005", "epoch-000006"]
+    assert latest_checkpoint(ckpt) == f"{ckpt}/epoch-000006"
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("keep", [-1, 1.5, True])
 def test_a_bad_retention_count_is_refused_in_one_line(tmp_path: Path, keep) -> None:

@@ -137,6 +137,7 @@ def test_kfps_logging_is_quiet_by_default_and_never_coloured_off_a_terminal(verb
     else:
         assert captured.out == ""
         assert captured.err.strip().endswith("WARNING - odd 'p'")  # warnings still show
+        assert "finished with status" not in captured.err  # the step's end line says it
 
 
 def test_the_shaped_runner_streams_a_steps_process_and_restores_kfp():

@@ -182,7 +182,7 @@ def kfp_output_shaped(view: RunOutput) -> Iterator[None]:
             for handler in logging.getLogger().handlers:
                 if not view.verbose:  # KFP's warnings still show, on stderr
                     handler.setLevel(logging.WARNING)
-                    handler.addFilter(lambda record: "finished with status" not in record.msg)
+                    handler.addFilter(not_a_task_status)
                     handler.setStream(sys.stderr)  # type: ignore[attr-defined]
                 if not view.colour:
                     handler.addFilter(without_colour)
@@ -217,6 +217,12 @@ def kfp_output_shaped(view: RunOutput) -> Iterator[None]:
         logging_utils.local_logger_context = logger_context
         logging_utils.print_horizontal_line = horizontal_line
         subprocess_task_handler.run_local_subprocess = run_process
+
+
+def not_a_task_status(record: logging.LogRecord) -> bool:
+    """A logging filter that drops KFP's "Task 'x' finished with status FAILURE": the step's
+    own end line says so, with its cause."""
+    return "finished with status" not in record.getMessage()
 
 
 def without_colour(record: logging.LogRecord) -> bool:

@@ -150,6 +150,23 @@ def test_one_line_error_file_and_signals_are_named_as_they_are():
     assert torchrun_failure(["no report here"]) is None
 
 
+def test_a_worker_that_failed_before_joining_the_group_is_found_in_plain_traceback_lines():
+    """No ``[rankN]:`` prefix before ``init_process_group``; torchrun's own traceback (its
+    ChildFailedError) is never taken for the worker's."""
+    worker = textwrap.dedent(
+        """\
+        Traceback (most recent call last):
+          File "/tmp/train.py", line 1, in <module>
+            import missing_module
+        ModuleNotFoundError: No module named 'missing_module'
+        """
+    )
+    log = worker + TORCHRUN_OWN_TRACEBACK + report(0, 0, "1", NO_ERROR_FILE, "t")
+    assert torchrun_failure(log.splitlines()).describe() == (
+        "[rank 0] ModuleNotFoundError: No module named 'missing_module'"
+    )
+
+
 def test_the_rank_that_failed_by_itself_is_chosen_over_the_peers_it_took_down():
     """Node 0's report (rank 1, connection closed by peer) is as early as node 1's, and node
     0 may well exit first: the cause is rank 2's own exception."""

@@ -18,6 +18,7 @@ import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 _FIELD = re.compile(r"^\s*(time|rank|exitcode|traceback)\s*:\s?(.*)$")
@@ -32,7 +33,7 @@ _TORCHRUN_EXCEPTION = "torch.distributed.elastic.multiprocessing.errors.ChildFai
 #: A rank that failed because another one went away says so (gloo: "Connection closed by
 #: peer ... typically caused by a remote worker crashing"): a consequence, not the cause.
 _PEER_GONE = ("closed by peer", "reset by peer", "remote worker crashing", "Broken pipe")
-#: Log lines read from the end of each node's log to find its report and traceback.
+#: Bytes read from the end of each node's log to find its report and the rank's traceback.
 TAIL_BYTES = 256 * 1024
 
 
@@ -134,8 +135,8 @@ def rank_exception(lines: Sequence[str], rank: int) -> str:
         return found
     plain = [line for line in lines if not _RANK_PREFIX.match(line)]
     starts = [i for i, line in enumerate(plain) if line.startswith(TRACEBACK_HEADER)]
-    for start in reversed(starts):
-        found = exception_line(plain[start:])
+    for start, end in reversed(list(pairwise([*starts, len(plain)]))):
+        found = exception_line(plain[start:end])
         if found and not found.startswith(_TORCHRUN_EXCEPTION):
             return found
     return ""

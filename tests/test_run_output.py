@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from kubetrain.cli.run import EXECUTOR_OUTPUT, how_to_see_more
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped, strip_ansi
 
 #: What KFP's executor writes around a step's own lines (kfp 2.17 kfp/dsl/executor_main.py).
@@ -171,3 +172,23 @@ def test_the_shaped_runner_streams_a_steps_process_and_restores_kfp():
         logging_utils.local_logger_context,
         logging_utils.print_horizontal_line,
     )
+
+
+def test_more_of_a_failed_run_is_in_its_jobs_logs_while_the_job_is_kept(tmp_path, monkeypatch):
+    """`kubetrain logs <job>` while the launched job is there; once the exit handler deleted
+    it, or when no job was launched, the run again with --verbose."""
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
+    run = tmp_path / "runs" / "kubetrain-training-2026-11-25-06-07-49-570422"
+    assert (
+        how_to_see_more([])
+        == how_to_see_more([run])
+        == "kubetrain run --verbose (the same options)"
+    )
+    (run / "launch-trainjob").mkdir(parents=True)
+    launched = {"parameterValues": {"job_name": "kubetrain-training-2026-f13e0bf1"}}
+    (run / "launch-trainjob" / EXECUTOR_OUTPUT).write_text(json.dumps(launched))
+    assert how_to_see_more([run]) == "kubetrain run --verbose (the same options)"
+    job = tmp_path / "jobs" / "kubetrain-training-2026-f13e0bf1"
+    job.mkdir(parents=True)
+    (job / "status.json").write_text("{}")
+    assert how_to_see_more([run]) == "kubetrain logs kubetrain-training-2026-f13e0bf1"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
 
@@ -297,7 +297,8 @@ def how_to_see_more(run_folders: list[Path]) -> str:
         if not (steps / "launch-trainjob" / EXECUTOR_OUTPUT).is_file():
             continue
         job = step_parameters(steps, "launch-trainjob")["job_name"]
-        if LocalBackend().job_dir(job).is_dir():
+        with contextlib.suppress(JobNotFound):
+            LocalBackend().existing_job_dir(job)
             return f"kubetrain logs {job}"
     return "kubetrain run --verbose (the same options)"
 

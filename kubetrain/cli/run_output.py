@@ -70,13 +70,16 @@ class Step:
         """The step's one-line cause of failure: its last line (the ``kubetrain STEP: error:``
         line a step ends with), of an uncaught exception the ``Name: message`` without its module
         path, of kubetrain's own errors the message alone (written for whoever reads it)."""
-        last = next((line.strip() for line in reversed(self.lines) if line.strip()), "")
+        last = self.last_line()
         exception = EXCEPTION_LINE.fullmatch(last) if self.traceback_shown() else None
         if exception is None:
             return last or "no output"
         if exception["module"].startswith("kubetrain."):
             return exception["message"]
         return f"{exception['name']}: {exception['message']}"
+
+    def last_line(self) -> str:
+        return next((line.strip() for line in reversed(self.lines) if line.strip()), "")
 
     def traceback_shown(self) -> bool:
         return any(line.startswith("Traceback (most recent call last)") for line in self.lines)
@@ -140,9 +143,8 @@ class RunOutput:
             ended = f"{self.paint('failed', RED)} after {step.seconds:.1f}s: {step.cause()}"
         else:
             ended = f"{self.paint('done', GREEN)} in {step.seconds:.1f}s"
-            note = next((line.strip() for line in reversed(step.lines) if line.strip()), "")
-            if note and step.name != TRAINING_STEP:
-                ended += f": {note}"
+            if step.last_line() and step.name != TRAINING_STEP:  # what it did, in its words
+                ended += f": {step.last_line()}"
         self.write(f"{self.paint(step.name, CYAN)} {ended}")
 
     def failure(self, see_more: str, fallback: str) -> str:

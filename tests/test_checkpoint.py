@@ -178,6 +178,19 @@ def test_retention_of_zero_keeps_all(tmp_path: Path) -> None:
     assert _epoch_folders(tmp_path) == before
 
 
+@pytest.mark.security
+@pytest.mark.usefixtures("no_hang")
+def test_a_fifo_as_latest_is_not_read_by_retention(tmp_path: Path) -> None:
+    _epochs_1_to_6(tmp_path)
+    (tmp_path / "LATEST").unlink()
+    os.mkfifo(tmp_path / "LATEST")  # opening it to read would block the trainer for ever
+    assert checkpoint.latest_name(tmp_path) is None
+    prune_checkpoints(tmp_path, 2, latest_before="epoch-000005")
+    assert sorted(path.name for path in tmp_path.glob("epoch-0*")) == [
+        "epoch-000000", "epoch-000005", "epoch-000006"
+    ]  # fmt: skip
+
+
 BUCKET = "kubetrain-retention"  # the s3 fixture's bucket
 
 

@@ -402,10 +402,12 @@ def _clear(target: PathLike) -> None:
 
 
 def latest_name(checkpoint_dir: PathLike) -> str | None:
-    """The folder name ``LATEST`` holds now, unchecked (None when there is none)."""
+    """The epoch folder name ``LATEST`` holds now, whether or not that folder is complete (None
+    when there is none); a FIFO or device as ``LATEST`` is not read, as in latest_checkpoint."""
     try:
+        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
         named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, IntegrityError):
         return None
     return named if EPOCH_NAME.fullmatch(named) else None
 
@@ -427,7 +429,8 @@ def prune_checkpoints(
         raise InvalidInput(
             "--keep-checkpoints", f"{keep!r} is not a whole number >= 0", "pass 0 to keep all, or N"
         )
-    if keep == 0 or latest_before is None or not storage.is_dir(checkpoint_dir):
+    before = EPOCH_NAME.fullmatch(latest_before or "")
+    if keep == 0 or before is None or not storage.is_dir(checkpoint_dir):
         return []
     epochs = sorted(
         (int(match.group(1)), name)
@@ -435,9 +438,6 @@ def prune_checkpoints(
         if (match := EPOCH_NAME.fullmatch(name)) and is_complete(storage.join(checkpoint_dir, name))
     )
     protected = {latest_name(checkpoint_dir), latest_before}
-    before = EPOCH_NAME.fullmatch(latest_before)
-    if before is None:
-        return []
     removed: list[Path | str] = []
     for epoch, name in epochs[:-keep]:
         if epoch < int(before.group(1)) and name not in protected:

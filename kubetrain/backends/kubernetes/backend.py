@@ -509,6 +509,8 @@ class KubernetesBackend:
 
 
 def _nodes_of(job: dict[str, Any]) -> int:
-    """Nodes of a TrainJob (``spec.trainer.numNodes``) or an Indexed Job (``completions``)."""
+    """Nodes of a TrainJob (``spec.trainer.numNodes``) or an Indexed Job (``completions``).
+    ``numNodes`` is optional (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainjob_types.go``;
+    the runtime's then applies), but the TrainJobs we render always carry it."""
     spec = job.get("spec") or {}
     return int((spec.get("trainer") or {}).get("numNodes") or spec.get("completions") or 1)

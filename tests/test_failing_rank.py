@@ -24,6 +24,8 @@ from kubetrain.backends.torchrun_report import (
     root_cause,
     torchrun_failure,
 )
+from tests.support import objects
+from tests.test_kubernetes_backend import make_spec, node_pod, set_container
 
 GLOO_PEER_CLOSED = (
     "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
@@ -246,3 +248,23 @@ def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp
     cause = error.split(";")[0]
     assert "node 1 exited with code 1: [rank 2] RuntimeError: boom on rank 2" in cause, error
     assert "closed by peer" not in error, error
+
+
+def test_a_cluster_wait_names_the_rank_that_failed_first_from_the_failed_nodes_logs(k8s):
+    """Over HTTP against the emulator: both node containers ended in the same second (node
+    0 taken first by finish time), the Trainer's Failed condition says only that the JobSet
+    failed; the wait reads the failed nodes' log tails and names node 1's rank 2."""
+    backend = k8s.backend()
+    backend.launch(make_spec(num_nodes=2))
+    logs = {0: node_0_peer_closed(), 1: node_1_plain()}
+    for index, lines in logs.items():
+        pod = node_pod(k8s.emulator, "demo", index)
+        k8s.emulator.append_log(pod, lines)
+        set_container(k8s.emulator, pod, objects.terminated(1), "Failed")
+    failed = objects.condition("Failed", reason="JobSetFailed", message="jobset failed")
+    k8s.emulator.set_conditions("trainjobs", "demo", [failed])
+
+    status = backend.wait("demo", 30, None)
+
+    assert status.message == "jobset failed; [rank 2] RuntimeError: boom on rank 2"
+    assert (status.failed_rank, status.failed_node.exit_code) == (1, 1)

@@ -36,13 +36,14 @@ from kubetrain.backends.base import (
 )
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
-from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, JobKind
+from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, NODE, JobKind
 from kubetrain.backends.kubernetes.launch import is_gang, read_runtime
-from kubetrain.backends.kubernetes.logs import LogFollower
+from kubetrain.backends.kubernetes.logs import LogFollower, split_lines
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.backends.kubernetes.pods import (
     PodProblem,
     diagnose,
+    exit_code,
     first_failure,
     latest_by_node,
     list_job_pods,
@@ -50,6 +51,7 @@ from kubetrain.backends.kubernetes.pods import (
     terminated,
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
+from kubetrain.backends.torchrun_report import first_failure as first_rank_failure
 from kubetrain.errors import KubetrainError
 from kubetrain.render.metadata import SPEC_ANNOTATION
 
@@ -68,6 +70,11 @@ NO_PODS_GRACE_SECONDS = 120.0
 #: How often the job's events are read again while it still has no pod.
 NO_PODS_RECHECK_SECONDS = 10.0
 JOB, PODS = "job", "pods"
+#: Lines read from the end of a failed node's log to name the rank that failed first (the
+#: rank's ``[rankN]:`` traceback comes ~50 lines before the end of torchrun's report), and
+#: how many failed nodes' logs are read for it (one request each).
+CAUSE_LOG_LINES = 400
+CAUSE_NODES = 8
 
 
 def event_time(event: Any) -> float:
@@ -569,6 +576,9 @@ class WaitSession:
             for node in nodes:
                 if node.rank == failed_rank:
                     node.exit_code = code
+            if found := self._failing_rank(pods):
+                failed_rank, named = found
+                message = f"{message}; {named}"
         metadata = (self.job or {}).get("metadata") or {}
         return JobStatus(
             name=self.name,
@@ -580,6 +590,33 @@ class WaitSession:
             created_at=timestamp(metadata.get("creationTimestamp")),
             finished_at=time.time() if state in TERMINAL_STATES else None,
         )
+
+    def _failing_rank(self, pods: list[V1Pod]) -> tuple[int, str] | None:
+        """(node, "[rank 2] RuntimeError: boom") for the rank that failed first, read from the
+        failed nodes' log tails (``torchrun_report.first_failure``: the node whose container
+        ended first is not always the one whose rank failed first); None when they name
+        nothing but a peer's going away, or cannot be read (best effort)."""
+        failed = [(i, p) for i, p in sorted(latest_by_node(pods).items()) if exit_code(p)]
+        node_logs = {}
+        for index, pod in failed[:CAUSE_NODES]:
+            name = pod.metadata.name
+            try:
+                response = self.context.objects.call(
+                    Action("get", "pods/log", name=name, namespace=self.namespace),
+                    self.context.objects.core.read_namespaced_pod_log,
+                    name,
+                    self.namespace,
+                    container=NODE,
+                    tail_lines=CAUSE_LOG_LINES,
+                    _preload_content=False,
+                )
+            except KubetrainError:
+                continue
+            node_logs[index] = list(split_lines([response.data]))
+        found = first_rank_failure(node_logs)
+        if found is None or found[1].consequence:
+            return None
+        return found[0], found[1].describe()
 
     def _drain_logs(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -578,7 +578,8 @@ class WaitSession:
                     node.exit_code = code
             if found := self._failing_rank(pods):
                 failed_rank, named = found
-                message = f"{message}; {named}"
+                if named not in message:  # a condition may quote it (our fake Trainer's does)
+                    message = f"{message}; {named}"
         metadata = (self.job or {}).get("metadata") or {}
         return JobStatus(
             name=self.name,

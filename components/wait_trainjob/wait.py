@@ -11,11 +11,14 @@ from dataclasses import dataclass
 
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
-from kubetrain.backends.torchrun_report import root_cause
+from kubetrain.backends.torchrun_report import root_cause, torchrun_failure
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.names import derive_job_name
 
 FAILURE_LOG_LINES = 20
+#: Lines read from the failing node's log to find the rank's exception: torchrun's report and
+#: its own traceback take ~50 lines after the rank's ``[rankN]:`` traceback.
+CAUSE_LOG_LINES = 400
 #: A running job silent this long is stalled (0 turns the check off). Generous: a slow epoch
 #: or data load must not be taken for a hang (our trainer logs a line a minute within an
 #: epoch); a stopped rank otherwise meets only torch's collective timeout (30 minutes for gloo),
@@ -42,12 +45,15 @@ class JobFailed(KubetrainError):
         code = node.exit_code if node is not None and node.exit_code is not None else 1
         exit_code = 128 - code if code < 0 else (code if 0 < code < 256 else 1)
         message = f"job {status.name} failed ({status.reason}): {status.message}"
+        failure = torchrun_failure(last_lines)
+        if failure and failure.exception and not failure.consequence:
+            if (named := failure.describe()) not in message:  # the local backend names it
+                message += f"; {named}"
         if cause := root_cause(last_lines):
             message += f"; torchrun: {cause}"
-        if node is not None and last_lines:
-            message += f"\nlast {len(last_lines)} lines of node {node.rank}:\n" + "\n".join(
-                last_lines
-            )
+        shown = last_lines[-FAILURE_LOG_LINES:]
+        if node is not None and shown:
+            message += f"\nlast {len(shown)} lines of node {node.rank}:\n" + "\n".join(shown)
         super().__init__(message, exit_code=exit_code)
         self.status = status
 
@@ -139,7 +145,7 @@ def wait_for_job(
         stall_timeout=stall_timeout_seconds or None,
     )
     if status.state != COMPLETE:
-        raise JobFailed(status, last_log_lines(backend_impl, status))
+        raise JobFailed(status, last_log_lines(backend_impl, status, CAUSE_LOG_LINES))
     return WaitResult(
         job_name=job_name,
         state=status.state,

@@ -116,6 +116,7 @@ VALUE_RULES: dict[str, Rule] = {
     "nodes": _whole(1, "2"),
     "procs_per_node": _whole(1, "1"),
     "epochs": _whole(1, "10"),
+    "keep_checkpoints": _whole(0, "3"),
     "batch_size": _whole(1, "32"),
     "gpu": _whole(0, "1"),
     "lr": _parsed(float, "a number", rules.positive_number, "0.001"),

@@ -62,6 +62,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "where it is), e.g. --script train.py -- torchrun train.py",
     )
     parser.add_argument("--epochs", type=int, default=10, help="training epochs; default 10")
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="N",
+        help="epoch checkpoints our trainer keeps, the newest (never LATEST's); 0 keeps all; "
+        "default 3",
+    )
     parser.add_argument("--lr", type=float, default=0.001, help="learning rate; default 0.001")
     parser.add_argument(
         "--batch-size", type=int, default=32, help="batch size per process; default 32"
@@ -133,6 +141,7 @@ CHECKED = (
     ("procs_per_node", "procs_per_node", "--procs-per-node"),
     ("model", "model", "--model"),
     ("epochs", "epochs", "--epochs"),
+    ("keep_checkpoints", "keep_checkpoints", "--keep-checkpoints"),
     ("lr", "lr", "--lr"),
     ("batch_size", "batch_size", "--batch-size"),
     ("seed", "seed", "--seed"),
@@ -236,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 strategy=args.strategy,
                 model=args.model,
                 epochs=args.epochs,
+                keep_checkpoints=args.keep_checkpoints,
                 lr=float(args.lr),
                 batch_size=args.batch_size,
                 accuracy_threshold=float(args.threshold),

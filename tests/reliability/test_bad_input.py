@@ -130,6 +130,8 @@ BAD_INPUTS: list[Any] = [
     case("launch-local-data-not-a-dataset", "--data", "launch", "--backend", "local",
          "--data", "{inputs}/notes"),
     case("launch-local-epochs-zero", "epochs", *LOCAL, "--epochs", "0"),
+    case("launch-local-keep-checkpoints-negative", "keep_checkpoints", *LOCAL,
+         "--keep-checkpoints", "-1"),
     case("launch-local-lr-zero", "lr", *LOCAL, "--lr", "0"),
     case("launch-local-command-not-found", "command", "launch", "--backend", "local",
          "--nodes", "1", "--", "no-such-program-kubetrain"),

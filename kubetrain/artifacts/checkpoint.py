@@ -77,6 +77,7 @@ from kubetrain.artifacts.checkpoint_manifest import (
     checkpoint_name,
     is_complete,
     latest_checkpoint,
+    latest_name,
     read_manifest,
     verify_checkpoint,
 )
@@ -399,17 +400,6 @@ def _clear(target: PathLike) -> None:
         staging.mkdir(parents=True)
         return
     storage.retract(target, MANIFEST)
-
-
-def latest_name(checkpoint_dir: PathLike) -> str | None:
-    """The epoch folder name ``LATEST`` holds now, whether or not that folder is complete (None
-    when there is none); a FIFO or device as ``LATEST`` is not read, as in latest_checkpoint."""
-    try:
-        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
-        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
-    except (OSError, UnicodeDecodeError, IntegrityError):
-        return None
-    return named if EPOCH_NAME.fullmatch(named) else None
 
 
 def prune_checkpoints(

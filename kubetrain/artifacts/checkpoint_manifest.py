@@ -90,17 +90,24 @@ def _epoch_of(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def latest_name(checkpoint_dir: PathLike) -> str | None:
+    """The epoch folder name ``LATEST`` holds now, whether or not that folder is complete (None
+    when there is none); a FIFO or a link to /dev/zero as ``LATEST`` is no pointer: not read."""
+    try:
+        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
+        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
+    except (OSError, UnicodeDecodeError, IntegrityError):
+        return None
+    return named if EPOCH_NAME.fullmatch(named) else None
+
+
 def latest_checkpoint(checkpoint_dir: PathLike) -> Path | str | None:
     """The folder LATEST names if complete, else the newest complete ``epoch-*`` folder, or None
     (a Path for a local CKPT_DIR, a URL for object storage)."""
     if not storage.is_dir(checkpoint_dir):
         return None
-    try:  # a FIFO or a link to /dev/zero as LATEST is no pointer: it is not read
-        check_entry(checkpoint_dir, LATEST, f"checkpoint folder {checkpoint_dir}", "it holds")
-        named = storage.read_text(storage.join(checkpoint_dir, LATEST)).strip()
-    except (OSError, UnicodeDecodeError, IntegrityError):
-        named = ""
-    if EPOCH_NAME.fullmatch(named) and is_complete(storage.join(checkpoint_dir, named)):
+    named = latest_name(checkpoint_dir)
+    if named and is_complete(storage.join(checkpoint_dir, named)):
         return storage.join(checkpoint_dir, named)
     names = [name for name in storage.list_dirs(checkpoint_dir) if EPOCH_NAME.fullmatch(name)]
     for name in sorted(names, key=_epoch_of, reverse=True):

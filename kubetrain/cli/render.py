@@ -108,7 +108,7 @@ def _register_manifests(kinds: argparse._SubParsersAction) -> None:
             "Print ServiceAccount kubetrain, the Role and ClusterRole with exactly the rights the "
             "steps use, and their bindings in --namespace, for "
             "`kubetrain render rbac --namespace NS | kubectl apply -f -`. They bind kubetrain "
-            "(the Argo workflow's account; `kubetrain submit kfp --service-account kubetrain`) "
+            "(the Argo workflow's account) "
             "and the accounts KFP runs steps as when a run names none: pipeline-runner "
             "(standalone KFP, namespace kubeflow) and default-editor (multi-user KFP, the "
             "profile's namespace)."

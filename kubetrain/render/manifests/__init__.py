@@ -4,7 +4,8 @@ Kubeflow Trainer ``ClusterTrainingRuntime``s and the least-privilege RBAC the st
 
 The RBAC's two roles are YAML (``rbac.yaml``); the ServiceAccount and the bindings are built
 here, for the namespace the steps run in and the accounts that run them: ours (``kubetrain``,
-what the Argo workflow and ``kubetrain submit kfp --service-account kubetrain`` use) and the
+what the Argo workflow uses; not KFP runs: KFP's launcher reads its artifact Secret with the
+run's account, which ``kubetrain`` may not) and the
 ones KFP runs steps as when a run names none: ``pipeline-runner`` (kubeflow/pipelines 2.17.0
 ``backend/src/apiserver/common/const.go`` DefaultPipelineRunnerServiceAccount; standalone KFP
 runs in namespace ``kubeflow``, ``manifests/kustomize/base/installs/generic/kustomization.yaml``)

@@ -268,3 +268,32 @@ def test_a_cluster_wait_names_the_rank_that_failed_first_from_the_failed_nodes_l
 
     assert status.message == "jobset failed; [rank 2] RuntimeError: boom on rank 2"
     assert (status.failed_rank, status.failed_node.exit_code) == (1, 1)
+
+
+def test_a_crash_looping_node_is_reported_with_its_rank_exception(k8s):
+    """A node that keeps crashing ends the wait early (``fail_early``), its pods released: the
+    tail kept must reach the rank's traceback, ~55 lines before the end of torchrun's report,
+    or the exception cannot be named once the pod is gone."""
+    from kubetrain.components.wait_trainjob.wait import (
+        CAUSE_LOG_LINES,
+        JobFailed,
+        last_log_lines,
+    )
+
+    backend = k8s.backend()
+    backend.launch(make_spec(num_nodes=2))
+    pod = node_pod(k8s.emulator, "demo", 1)
+    k8s.emulator.append_log(pod, node_1_plain())
+    set_container(
+        k8s.emulator,
+        pod,
+        objects.waiting("CrashLoopBackOff", "back-off 40s restarting failed container"),
+        restart_count=3,
+        last_state=objects.terminated(1),
+    )
+    status = backend.wait("demo", 30, None)
+    error = str(JobFailed(status, last_log_lines(backend, status, CAUSE_LOG_LINES)))
+
+    assert "keeps crashing" in error
+    assert "[rank 2] RuntimeError: boom on rank 2" in error
+    assert k8s.emulator.get("trainjobs", "demo") is None, "released, its pods gone"

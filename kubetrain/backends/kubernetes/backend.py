@@ -64,6 +64,7 @@ from kubetrain.backends.kubernetes.pods import (
     node_statuses,
 )
 from kubetrain.backends.kubernetes.wait import (
+    CAUSE_LOG_LINES,
     NO_PODS_GRACE_SECONDS,
     Stalled,
     WaitContext,
@@ -84,7 +85,6 @@ from kubetrain.render.metadata import (
 from kubetrain.render.pod import default_checkpoint_dir
 from kubetrain.render.script import script_configmap_name
 
-FAILURE_LOG_LINES = 20
 EVENTS_SHOWN = 5
 
 
@@ -325,9 +325,10 @@ class KubernetesBackend:
     def fail_early(self, name: str, problem: PodProblem, status: JobStatus) -> JobStatus:
         """A pod problem that will not go away (a wait session's ``WaitResult.problem``):
         explain it (events, last log lines), release the job so it holds no resources, and
-        report it as Failed."""
+        report it as Failed. The log tail is kept long enough to hold the failing rank's
+        exception, which `wait` names, not just torchrun's report after it."""
         events = self.pod_events(problem.pod) if problem.pod else ""
-        tail = self.read_log(problem.pod, FAILURE_LOG_LINES) if problem.exit_code else []
+        tail = self.read_log(problem.pod, CAUSE_LOG_LINES) if problem.exit_code else []
         outcome = self.release(name)
         message = problem.message
         if events:

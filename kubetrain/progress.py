@@ -1,0 +1,91 @@
+"""Rank 0's structured progress records: one log line each, so they travel wherever rank 0's
+log goes (a local node's log file, a pod log read through the Kubernetes API) and `wait`,
+`logs` and `kubetrain run` can draw a live display from them, whatever rank 0's stdout is.
+
+A record is ``kubetrain-progress {json}``: a fixed word a person reading ``kubectl logs`` can
+skip, then a JSON object readers parse. Readers ignore unknown keys, so fields can be added.
+The word may follow a prefix (torchrun's ``--tee``/``--local-ranks-filter`` put
+``[default0]:`` before each line), so it is searched for, not anchored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+PREFIX = "kubetrain-progress "
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training is: ``batch`` of ``batches`` in ``epoch`` of ``epochs``; ``step`` counts
+    optimizer steps since the run began; ``loss`` is rank 0's mean training loss so far this
+    epoch; ``samples_per_second`` is the whole job's rate this epoch (rank 0's times the world
+    size); ``eta_seconds`` is the estimate to the end of the last epoch (None: not yet known)."""
+
+    epoch: int
+    epochs: int
+    batch: int
+    batches: int
+    step: int
+    loss: float
+    samples_per_second: float
+    eta_seconds: float | None = None
+
+    def fraction(self) -> float:
+        """How much of the whole run is done, 0 to 1."""
+        if self.epochs <= 0 or self.batches <= 0:
+            return 0.0
+        return min(1.0, ((self.epoch - 1) + self.batch / self.batches) / self.epochs)
+
+    def describe(self) -> str:
+        """The record as the plain line a log or a redirected `wait` shows."""
+        eta = "" if self.eta_seconds is None else f" eta {format_seconds(self.eta_seconds)}"
+        return (
+            f"epoch {self.epoch}/{self.epochs} batch {self.batch}/{self.batches} "
+            f"step {self.step} loss {self.loss:.4f} "
+            f"samples/s {self.samples_per_second:.1f}{eta}"
+        )
+
+
+def format_seconds(seconds: float) -> str:
+    """``1:02:03``, ``2:03`` or ``3s``: short, for a progress line."""
+    whole = int(max(seconds, 0.0))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}" if minutes else f"{secs}s"
+
+
+def format_record(progress: Progress) -> str:
+    """The log line for ``progress`` (no newline); non-finite numbers become null (JSON has
+    no NaN), so any reader parses every record."""
+    values = {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in asdict(progress).items()
+    }
+    return PREFIX + json.dumps(values, separators=(",", ":"))
+
+
+def parse_record(line: str) -> Progress | None:
+    """The record a log line holds, or None for any other line (a malformed record included:
+    it is then shown as the plain line it is)."""
+    start = line.find(PREFIX)
+    if start < 0:
+        return None
+    try:
+        values = json.loads(line[start + len(PREFIX) :])
+        known = {f.name for f in fields(Progress)}
+        values = {k: v for k, v in values.items() if k in known}
+        for measured in ("loss", "samples_per_second"):  # a diverged run's NaN came as null
+            if values.get(measured, 0) is None:
+                values[measured] = math.nan
+        progress = Progress(**values)
+        int_fields = (progress.epoch, progress.epochs, progress.batch, progress.batches)
+        if not all(isinstance(v, int) for v in (*int_fields, progress.step)):
+            return None
+        return progress
+    except (ValueError, TypeError, AttributeError):
+        return None

@@ -19,9 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Follow a job until it is Complete (exit 0) or Failed (exit with the failing node's "
             "exit code, printing the reason and that node's last log lines), streaming the "
-            "rank-0 node's log lines as they are written. SIGTERM (a cancelled pipeline run) or "
-            "Ctrl-C stops the job (on a cluster: deletes or suspends it) before exiting 143 or "
-            "130."
+            "rank-0 node's log lines as they are written, its progress records as a live bar on "
+            "a terminal (off one, a progress line when nothing was said for 30 s). SIGTERM (a "
+            "cancelled pipeline run) or Ctrl-C stops the job (on a cluster: deletes or "
+            "suspends it) before exiting 143 or 130."
         ),
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")
@@ -60,20 +61,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from kubetrain.components._shared.progress_display import ProgressDisplay
     from kubetrain.components.wait_trainjob.wait import unschedulable_grace, wait_for_job
 
     options = replace(
         backend_options(args),
         unschedulable_grace=unschedulable_grace(args.unschedulable_grace_seconds),
     )
-    result = wait_for_job(
-        args.name,
-        backend=args.backend,
-        timeout_seconds=args.timeout,
-        on_log_line=None if args.quiet else lambda line: print(line, flush=True),
-        options=options.validate(),
-        stall_timeout_seconds=args.stall_timeout,
-    )
+    with ProgressDisplay() as display:
+        result = wait_for_job(
+            args.name,
+            backend=args.backend,
+            timeout_seconds=args.timeout,
+            on_log_line=None if args.quiet else display.feed,
+            options=options.validate(),
+            stall_timeout_seconds=args.stall_timeout,
+        )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
     write_output_parameters(
         args.output_parameters,

@@ -33,6 +33,7 @@ def wait_trainjob(
     from collections import namedtuple
 
     from kubetrain.backends import BackendOptions
+    from kubetrain.components._shared.progress_display import ProgressDisplay
     from kubetrain.components.wait_trainjob.wait import (
         JobFailed,
         unschedulable_grace,
@@ -45,14 +46,15 @@ def wait_trainjob(
         unschedulable_grace=unschedulable_grace(unschedulable_grace_seconds),
     )
     try:
-        result = wait_for_job(
-            job_name,
-            backend=backend,
-            timeout_seconds=timeout_seconds,
-            on_log_line=lambda line: print(line, flush=True),
-            options=options,
-            stall_timeout_seconds=stall_timeout_seconds,
-        )
+        with ProgressDisplay() as display:  # a progress line now and then, not every record
+            result = wait_for_job(
+                job_name,
+                backend=backend,
+                timeout_seconds=timeout_seconds,
+                on_log_line=display.feed,
+                options=options,
+                stall_timeout_seconds=stall_timeout_seconds,
+            )
     except JobFailed as failure:
         print(failure, file=sys.stderr, flush=True)
         raise SystemExit(failure.exit_code) from None

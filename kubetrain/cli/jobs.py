@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "logs",
         help="print a job's logs",
         description=(
-            "Print a job's logs: every node's, each line prefixed with [node-N], or one node's."
+            "Print a job's logs: every node's, each line prefixed with [node-N], or one node's. "
+            "Rank 0's progress records are drawn as a live bar with --follow on a terminal; "
+            "--raw prints them as written."
         ),
     )
     logs.add_argument("name", help="job name")
@@ -50,6 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     logs.add_argument(
         "--follow", "-f", action="store_true", help="keep printing new lines until the job ends"
+    )
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="print every line as written, rank 0's progress records (kubetrain-progress "
+        "JSON) included; by default they are a live bar with --follow on a terminal, else "
+        "left out",
     )
     logs.set_defaults(handler=run_logs)
 
@@ -118,9 +127,20 @@ def age(seconds: float) -> str:
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    from kubetrain.components._shared.progress_display import LIVE, PLAIN, ProgressDisplay
+
     backend = get_backend(args.backend, backend_options(args))
-    for line in backend.logs(args.name, node=args.node, follow=args.follow):
-        print(line, flush=True)
+    lines = backend.logs(args.name, node=args.node, follow=args.follow)
+    if args.raw:
+        for line in lines:
+            print(line, flush=True)
+        return 0
+    # A log read to its end shows no records: it has the epoch lines, and a dump of past
+    # records is noise; while following, they are the live bar (or a line now and then).
+    live = args.follow and sys.stdout.isatty()
+    with ProgressDisplay(sys.stdout, LIVE if live else PLAIN) as display:
+        for line in lines:
+            display.feed(line)
     return 0
 
 

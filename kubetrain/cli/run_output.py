@@ -1,5 +1,6 @@
 """What `kubetrain run` prints: by default one line per step as it starts and as it ends, rank
-0's training lines (the wait step's) and the failing step's cause; KFP's local-runner logging
+0's training lines (the wait step's), its progress records as a live bar on a terminal
+(``ProgressDisplay``), and the failing step's cause; KFP's local-runner logging
 (executor inputs, "Executing task", artifact reprs) only with --verbose. Colour only on a
 terminal, with ``NO_COLOR`` unset (https://no-color.org): KFP colours its own lines whatever
 its stream is (kfp 2.17 kfp/local/logging_utils.py color_text), so they are stripped.
@@ -23,6 +24,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from kubetrain.components._shared.progress_display import (
+    LIVE,
+    MODE_VARIABLE,
+    PLAIN,
+    RECORDS,
+    ProgressDisplay,
+)
+from kubetrain.progress import parse_record
 
 #: An ANSI SGR escape (colour, bold, reset), the only kind KFP's local runner writes.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -93,11 +103,16 @@ class RunOutput:
         self.stream = stream
         self.colour = colour
         self.steps: list[Step] = []
+        #: Draws rank 0's progress records while the training step runs (concise output).
+        self.display: ProgressDisplay | None = None
 
     def paint(self, text: str, colour: str) -> str:
         return f"{colour}{text}{RESET}" if self.colour else text
 
     def write(self, line: str) -> None:
+        if self.display is not None:  # above its live bar
+            self.display.print(line)
+            return
         self.stream.write(f"{line}\n")
         self.stream.flush()
 
@@ -120,9 +135,17 @@ class RunOutput:
         if line.startswith(KFP_EXECUTOR_PREFIX):
             step.in_executor_input = line.endswith(EXECUTOR_INPUT_HEADER)
             return
-        step.lines.append(line)
+        if parse_record(line) is None:  # records are drawn, not kept
+            step.lines.append(line)
         if not self.verbose and self.shown_as_training(step, line):
-            self.write(f"  {line}")
+            self.training_display().feed(line)
+
+    def training_display(self) -> ProgressDisplay:
+        """The training step's display: a live bar on a terminal, plain lines off one."""
+        if self.display is None:
+            mode = LIVE if self.stream.isatty() else PLAIN
+            self.display = ProgressDisplay(self.stream, mode, indent="  ")
+        return self.display
 
     @staticmethod
     def shown_as_training(step: Step, line: str) -> bool:
@@ -137,6 +160,9 @@ class RunOutput:
     def step_ended(self, succeeded: bool) -> None:
         step = self.steps[-1]
         step.succeeded, step.seconds = succeeded, time.monotonic() - step.started
+        if self.display is not None:
+            self.display.close()
+            self.display = None
         if self.verbose:
             return
         if not succeeded:
@@ -193,7 +219,8 @@ def kfp_output_shaped(view: RunOutput) -> Iterator[None]:
     def run_process_shown(full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
         """kfp 2.17 run_local_subprocess, with each line handed to ``view``: the ``with``
         returns at once on KeyboardInterrupt, which `kubetrain run`'s interrupt handling needs."""
-        env = {**os.environ, **env_vars} if env_vars else None
+        # The wait step passes rank 0's progress records on for ``view`` to draw.
+        env = {**os.environ, **(env_vars or {}), MODE_VARIABLE: RECORDS}
         with subprocess.Popen(
             full_command,
             stdout=subprocess.PIPE,

@@ -160,6 +160,41 @@ class Volume:
         return posixpath.normpath(self.mount_path)
 
 
+#: ``procs_per_node`` that follows the GPUs: every face's default.
+AUTO_PROCS = "auto"
+_PROCS_FIX = "give auto (one process per GPU, else 1) or a whole number from 1, e.g. 2"
+
+
+def resolve_procs_per_node(value: int | str, gpu: int, field_name: str = "procs_per_node") -> int:
+    """The processes per node ``value`` asks for: a whole number from 1 (a number's text too, as
+    an Argo parameter carries it), or ``auto``: the GPUs per node (``gpu``), else 1. Resolved
+    before rendering, so every renderer and the local backend start the same number. Kubeflow
+    Trainer's own auto, PET_NPROC_PER_NODE=auto (torchrun's GPU count), falls back to the CPU
+    count without GPUs (trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch.go
+    EnforceMLPolicy), too many ranks for a CPU job asking for no cores."""
+    if value == AUTO_PROCS:
+        return gpu or 1
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise InvalidInput(
+                field_name, f"{rules.shown(value)} is not a whole number or auto", _PROCS_FIX
+            ) from None
+    return rules.whole_number(value, field_name, 1, fix=_PROCS_FIX)
+
+
+def procs_gpu_mismatch(procs_per_node: int, gpu: int) -> str:
+    """What an explicit process count that differs from the GPUs per node does (a warning, not
+    a refusal: a model may want two GPUs a process); empty when they agree or there are none."""
+    if not gpu or procs_per_node == gpu:
+        return ""
+    asked = f"--procs-per-node {procs_per_node} with --gpu {gpu}"
+    if procs_per_node < gpu:
+        return f"{asked} leaves {gpu - procs_per_node} GPU(s) per node idle"
+    return f"{asked} starts more processes than GPUs per node"
+
+
 #: The runtime every face defaults to: ours for CPU (`kubetrain render runtimes` installs it),
 #: not the Trainer's `torch-distributed`, which the README's install does not create.
 DEFAULT_RUNTIME = "torch-ddp-cpu"

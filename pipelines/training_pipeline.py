@@ -56,7 +56,7 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         seed: int = 0,
         backend: str = "trainer",
         nodes: int = 2,
-        procs_per_node: int = 1,
+        procs_per_node: str = "auto",
         strategy: str = "ddp",
         model: str = "mlp",
         epochs: int = 10,

@@ -75,7 +75,7 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "seed": ("0", "seed of the train/test split"),
     "backend": ("trainer", "trainer (Kubeflow Trainer TrainJob), job (Indexed Job) or local"),
     "nodes": ("2", "training nodes (pods)"),
-    "procs_per_node": ("1", "torchrun processes per node"),
+    "procs_per_node": ("auto", "torchrun processes per node; auto = one per GPU with gpu, else 1"),
     "strategy": ("ddp", "ddp or fsdp"),
     "model": ("mlp", "mlp, cnn or package.module:callable"),
     "epochs": ("10", "training epochs"),

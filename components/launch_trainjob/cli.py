@@ -14,7 +14,7 @@ from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
-from kubetrain.jobspec import DEFAULT_RUNTIME
+from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +37,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--procs-per-node",
-        type=int,
-        default=1,
-        help="processes torchrun starts on each node (PET_NPROC_PER_NODE); default 1",
+        default=AUTO_PROCS,
+        metavar="N|auto",
+        help="processes torchrun starts on each node (PET_NPROC_PER_NODE); default auto: one "
+        "per GPU with --gpu, else 1",
     )
     job.add_argument(
         "--image",

@@ -14,7 +14,7 @@ def launch_trainjob(
     job_name: str = "",
     backend: str = "trainer",
     nodes: int = 2,
-    procs_per_node: int = 1,
+    procs_per_node: str = "auto",
     strategy: str = "ddp",
     model: str = "mlp",
     epochs: int = 10,
@@ -68,7 +68,8 @@ def launch_trainjob(
     ``storage/checkpoints/<run_name>``; they get the endpoint and keys from Secret
     ``storage_secret`` (its name only is rendered into the job).
 
-    ``cpu``, ``memory`` (Kubernetes quantities) and ``gpu`` are what each node asks for; ``env``
+    ``procs_per_node``: processes per node, a number or ``auto`` (one per GPU with ``gpu``, else
+    1). ``cpu``, ``memory`` (Kubernetes quantities) and ``gpu`` are what each node asks for; ``env``
     (name -> text) is set in every node; ``node_selector`` (label -> value) and
     ``tolerations`` (texts ``KEY[=VALUE][:EFFECT]``, e.g. ``nvidia.com/gpu:NoSchedule``) say
     where the nodes may run: the options of `kubetrain launch` of the same names.

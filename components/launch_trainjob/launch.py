@@ -22,6 +22,7 @@ from kubetrain.backends.base import Backend
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import (
+    AUTO_PROCS,
     DEFAULT_RUNTIME,
     Initializer,
     Resources,
@@ -29,6 +30,8 @@ from kubetrain.jobspec import (
     Toleration,
     TrainJobSpec,
     Volume,
+    procs_gpu_mismatch,
+    resolve_procs_per_node,
 )
 from kubetrain.names import derive_job_name, label_value, random_job_name
 from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
@@ -121,6 +124,7 @@ class LaunchRequest:
     has mounted at its ``mount_path``, as the nodes will (cluster backends only): a local
     dataset outside it is copied onto it, and checkpoints default to it. ``storage_url`` (an
     object-storage URL) puts checkpoints under ``<storage_url>/checkpoints/<run or job>``.
+    ``procs_per_node`` is a number or ``auto`` (``jobspec.resolve_procs_per_node``).
     """
 
     training: TrainingOptions = field(default_factory=TrainingOptions)
@@ -128,7 +132,7 @@ class LaunchRequest:
     name: str = ""
     run_name: str = ""
     nodes: int = 2
-    procs_per_node: int = 1
+    procs_per_node: int | str = AUTO_PROCS
     image: str = ""
     runtime: str = DEFAULT_RUNTIME
     runtime_kind: str = "ClusterTrainingRuntime"
@@ -190,6 +194,10 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     # `torchrun -m kubetrain.train` as the command and its options as the args.
     command, args = request.command[:1], request.command[1:]
     training = request.training
+    request.resources.validate("resources_per_node")  # auto reads its GPUs
+    procs_per_node = resolve_procs_per_node(request.procs_per_node, request.resources.gpu)
+    if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
+        print(f"kubetrain: warning: {mismatch}", file=sys.stderr)
     if request.runs_our_trainer:
         training.validate()
     else:
@@ -227,7 +235,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         image=request.image or TRAINER_IMAGE,
         env={**env, **request.env},
         num_nodes=request.nodes,
-        procs_per_node=request.procs_per_node,
+        procs_per_node=procs_per_node,
         resources_per_node=request.resources,
         runtime=RuntimeRef(name=request.runtime, kind=request.runtime_kind),
         volumes=tuple(volumes),
@@ -433,8 +441,9 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
 
 def check_model_imports(model: str) -> None:
     """Import the user's ``package.module:callable`` as the nodes will: from the folder they
-    run in (this one), which ``python -m`` puts first on their path."""
-    from kubetrain.artifacts.models import import_callable
+    run in (this one), which ``python -m`` puts first on their path. torch is imported only
+    when the module imports it (``kubetrain.callables``), so a typo is refused in a second."""
+    from kubetrain.callables import import_callable
 
     added = os.getcwd() not in sys.path
     if added:

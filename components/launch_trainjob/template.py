@@ -42,7 +42,8 @@ def launch_trainjob_template(
         input_parameter("backend", "trainer (TrainJob), job (Indexed Job) or local", "trainer"),
         input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
         input_parameter("nodes", "training nodes (pods)", "2"),
-        input_parameter("procs_per_node", "torchrun processes per node", "1"),
+        input_parameter("procs_per_node", "torchrun processes per node; auto = one per GPU "
+                        "with gpu, else 1", "auto"),
         input_parameter("strategy", "ddp or fsdp", "ddp"),
         input_parameter("model", "mlp, cnn or package.module:callable", "mlp"),
         input_parameter("epochs", "training epochs", "10"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
+from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
 from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
 
@@ -39,7 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--nodes", type=int, default=2, help="training nodes; default 2")
     parser.add_argument(
-        "--procs-per-node", type=int, default=1, help="training processes per node; default 1"
+        "--procs-per-node",
+        default=AUTO_PROCS,
+        metavar="N|auto",
+        help="training processes per node; default auto: 1 (one per GPU on a cluster node "
+        "with GPUs; here there are none)",
     )
     parser.add_argument(
         "--strategy",
@@ -138,7 +143,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 #: (pipeline parameter, argument, option) checked before the pipeline starts.
 CHECKED = (
     ("nodes", "nodes", "--nodes"),
-    ("procs_per_node", "procs_per_node", "--procs-per-node"),
     ("model", "model", "--model"),
     ("epochs", "epochs", "--epochs"),
     ("keep_checkpoints", "keep_checkpoints", "--keep-checkpoints"),
@@ -161,6 +165,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
 
     for parameter, dest, option in CHECKED:
         check_value(parameter, getattr(args, dest), option)
+    resolve_procs_per_node(args.procs_per_node, 0, "--procs-per-node")
     validate_threshold(args.threshold)
     check_source(args.dataset, "--dataset")
     if program(args) and args.model in BUILTIN_MODELS:
@@ -270,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
         " ".join(program(args)) if program(args) else f"{args.strategy}, {args.epochs} epochs"
     )
     print(
-        f"kubetrain run: {args.nodes} node(s) x {args.procs_per_node} process(es), "
+        f"kubetrain run: {args.nodes} node(s) x {resolve_procs_per_node(args.procs_per_node, 0)} "
+        "process(es), "
         f"{training} on {args.dataset}"
     )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")

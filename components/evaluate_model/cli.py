@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--report",
         default="",
         metavar="DIR",
-        help="also publish an HTML report (training curves, confusion matrix, model card) as "
-        "the folder DIR: report.html, training_curves.png, confusion_matrix.png",
+        help="also publish an HTML report (verdict, run and hyperparameters, training curves, "
+        "confusion matrix, model card) as the folder DIR: report.html and its PNG charts",
     )
     parser.add_argument(
         "--fail-below-threshold",
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.metrics_output, metrics)
     if args.report:
         report = write_report(
-            evaluation_report(args.model, args.data, result), args.report, report_inputs
+            evaluation_report(args.model, args.data, result, gate), args.report, report_inputs
         )
     write_output_parameters(
         args.output_parameters,
@@ -133,8 +133,13 @@ def run(args: argparse.Namespace) -> int:
 def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     """Your evaluation program scores the model; its metrics are published and gated."""
     from kubetrain.artifacts.model_card import read_model_card
-    from kubetrain.components.evaluate_model.evaluate import Gate, evaluate_with_program
+    from kubetrain.components.evaluate_model.evaluate import (
+        Gate,
+        evaluate_with_program,
+        folder_name,
+    )
     from kubetrain.components.evaluate_model.report import (
+        Verdict,
         check_report_dir,
         metrics_report,
         write_report,
@@ -153,7 +158,8 @@ def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
         write_json(args.metrics_output, metrics)
     if args.report:
         card = read_model_card(args.model)
-        report = metrics_report(card, result.metrics, gate.describe(), result.passed)
+        verdict = Verdict.of(gate, result.metrics)
+        report = metrics_report(card, result.metrics, verdict, name=folder_name(args.model))
         print(f"report {write_report(report, args.report, report_inputs)}")
     write_output_parameters(
         args.output_parameters,

@@ -29,14 +29,17 @@ def evaluate_model(
 
     ``command`` (a list) runs your own evaluation program instead, with KUBETRAIN_MODEL_DIR,
     KUBETRAIN_DATA_DIR and KUBETRAIN_METRICS_FILE (where it writes a JSON object of metric ->
-    number); every metric it writes is logged to ``metrics``. ``accuracy`` is 0.0 when it
-    writes none; ``metric_value`` is the gated metric's value."""
+    number); every metric it writes is logged to ``metrics``, accuracy and loss first.
+    ``accuracy`` is 0.0 when it writes none; ``metric_value`` is the gated metric's value.
+    Our evaluation logs accuracy, loss and test_samples to ``metrics``; per-class figures go to
+    ``classification_metrics`` (the confusion matrix) and the report."""
     from collections import namedtuple
 
     from kubetrain.components.evaluate_model.evaluate import (
         Gate,
         evaluate_with_program,
         evaluation_report,
+        folder_name,
     )
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
     from kubetrain.process_exit import skip_exit_collection
@@ -46,30 +49,32 @@ def evaluate_model(
     gate = Gate(metric, threshold, below).validate()
     if command:
         from kubetrain.artifacts.model_card import read_model_card
-        from kubetrain.components.evaluate_model.report import metrics_report
+        from kubetrain.components.evaluate_model.report import Verdict, metrics_report
 
         done = evaluate_with_program(command, model.path, dataset.path, gate)
-        for name, value in sorted(done.metrics.items()):
-            metrics.log_metric(name, value)
+        leading = [name for name in ("accuracy", "loss") if name in done.metrics]
+        for name in [*leading, *sorted(set(done.metrics) - set(leading))]:
+            metrics.log_metric(name, done.metrics[name])
         card = read_model_card(model.path)
-        write_text(
-            report.path, metrics_report(card, done.metrics, gate.describe(), done.passed).html
-        )
+        verdict = Verdict.of(gate, done.metrics)
+        page = metrics_report(card, done.metrics, verdict, name=folder_name(model.path))
+        write_text(report.path, page.html)
         print(f"{gate.describe()}: {'passed' if done.passed else 'not passed'}")
         return outputs(done.passed, done.metrics.get("accuracy", 0.0), done.metrics[gate.metric])
     gate.check_ours()
     result = evaluate(model.path, dataset.path, threshold=threshold, model_factory=model_factory)
     passed = gate.passes({"accuracy": result.accuracy, "loss": result.loss})
+    # Accuracy and loss lead: kfp keeps the order they are logged in (Metrics.log_metric sets
+    # a dict key, kfp 2.17 kfp/dsl/types/artifact_types.py), but the KFP UI lists an artifact's
+    # scalars by name (ScalarMetricsSection in kubeflow/pipelines 2.17.0
+    # frontend/src/components/viewers/MetricsVisualizations.tsx reads getEntryList(), which
+    # google-protobuf's jspb.Map sorts): these three names sort in this order too, and the
+    # per-class figures, dozens of rows that buried them, go to the confusion matrix and report.
     metrics.log_metric("accuracy", result.accuracy)
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("test_samples", result.samples)
-    for name, precision, recall in zip(
-        result.classes, result.precision, result.recall, strict=True
-    ):
-        metrics.log_metric(f"precision_{name}", precision)
-        metrics.log_metric(f"recall_{name}", recall)
     classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
-    write_text(report.path, evaluation_report(model.path, dataset.path, result).html)
+    write_text(report.path, evaluation_report(model.path, dataset.path, result, gate).html)
     print(
         f"accuracy {result.accuracy:.3f} ({gate.describe()}): "
         f"{'passed' if passed else 'below threshold'}"

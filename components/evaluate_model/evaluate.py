@@ -126,13 +126,30 @@ def evaluate_model(
     )
 
 
-def evaluation_report(model_dir: str, data_dir: str, result: Evaluation) -> Report:
-    """The HTML report of ``result``, with the training history from the model's card."""
+def evaluation_report(
+    model_dir: str, data_dir: str, result: Evaluation, gate: Gate | None = None
+) -> Report:
+    """The HTML report of ``result`` and the verdict of ``gate`` (default: accuracy against the
+    result's threshold), with the run and its training history from the model's card."""
     from kubetrain.artifacts.datasets import read_manifest
     from kubetrain.artifacts.model_card import read_model_card
-    from kubetrain.components.evaluate_model.report import build_report
+    from kubetrain.components.evaluate_model.report import Verdict, build_report
 
-    return build_report(read_model_card(model_dir), result.as_dict(), read_manifest(data_dir))
+    gate = gate or Gate("accuracy", result.threshold)
+    verdict = Verdict.of(gate, {"accuracy": result.accuracy, "loss": result.loss})
+    return build_report(
+        read_model_card(model_dir),
+        result.as_dict(),
+        read_manifest(data_dir),
+        verdict,
+        name=folder_name(model_dir),
+    )
+
+
+def folder_name(location: str) -> str:
+    """The last part of a model folder's path or URL: the report's run name when its card
+    records none."""
+    return str(location).rstrip("/").rsplit("/", 1)[-1]
 
 
 # ------------------------------------------------------------------ your own evaluation

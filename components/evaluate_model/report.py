@@ -1,11 +1,16 @@
 """The evaluation report people look at: one self-contained HTML page built from the model card
-and the evaluation results, with the training curves and the confusion matrix as PNG images.
+and the evaluation results: the verdict, the run (name, date, duration, hyperparameters), the
+training curves per epoch and per step, and the confusion matrix, the charts as PNG images.
 
 The images are embedded as ``data:`` URIs so the single file renders in the KFP UI (an ``HTML``
 artifact) and anywhere else it is copied; :func:`write_report` also writes them as files, and
 a ``report.json`` marker by which a later report knows the folder as one it may replace. Charts
 are drawn on Agg canvases owned by this module, never through pyplot's global state, so reports
 can be built in any thread or process without a display.
+
+The card's ``history``, ``hyperparameters`` and ``run`` are recorded by the trainer since
+kubetrain's issue 18; older models and your own checkpoints have none, and no digest covers
+the card, so every value read from it is checked here and a section without one says so.
 """
 
 from __future__ import annotations
@@ -14,27 +19,43 @@ import base64
 import html
 import io
 import json
+import math
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubetrain import storage
 from kubetrain.artifacts.output_rule import REPORT, check_output
 from kubetrain.storage import atomic
 
+if TYPE_CHECKING:
+    from kubetrain.components.evaluate_model.evaluate import Gate
+
 REPORT_FILE = "report.html"
 CURVES_FILE = "training_curves.png"
+STEPS_FILE = "training_steps.png"
 CONFUSION_FILE = "confusion_matrix.png"
-#: Per-epoch series of the model card's ``metrics``, plotted train against test.
-CURVES = (("loss", "train_loss", "test_loss"), ("accuracy", "train_accuracy", "test_accuracy"))
-#: Columns of the per-epoch table.
+#: The split each epoch was scored on: ``validation`` (datasets prepared with one), else
+#: ``test`` (datasets prepared before it existed).
+EPOCH_SPLITS = ("validation", "test")
+#: Columns of the per-epoch table; those no epoch recorded are left out.
 EPOCH_COLUMNS = (
-    "epoch", "train_loss", "test_loss", "train_accuracy", "test_accuracy", "samples_per_second",
+    "epoch", "train_loss", "validation_loss", "test_loss",
+    "train_accuracy", "validation_accuracy", "test_accuracy", "samples_per_second",
 )  # fmt: skip
-#: Above this many classes the confusion matrix cells carry no count (they would be unreadable).
+#: The trainer's ``hyperparameters``, in the order the table shows them.
+HYPERPARAMETERS = (
+    "model", "dataset", "strategy", "optimizer", "lr", "batch_size", "grad_accum_steps",
+    "clip_grad_norm", "epochs", "seed", "nodes", "procs_per_node", "world_size",
+)  # fmt: skip
+#: Above this many classes the confusion matrix cells carry no number (they would be unreadable).
 ANNOTATE_MAX_CLASSES = 20
+#: Above this many classes the raw counts are no table on the page (they stay in the metrics).
+COUNTS_TABLE_MAX_CLASSES = 50
+NOT_RECORDED = "not recorded"
 DPI = 100
 
 
@@ -42,6 +63,63 @@ DPI = 100
 class Report:
     html: str
     images: dict[str, bytes]  # file name -> PNG, the same images the page embeds
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's outcome as the page shows it: ``metric`` was ``value``, passing when at least
+    ``bound`` (a threshold) or, with ``below``, under it."""
+
+    metric: str
+    value: float
+    bound: float
+    below: bool
+    passed: bool
+
+    @classmethod
+    def of(cls, gate: Gate, metrics: Mapping[str, float]) -> Verdict:
+        below = gate.below is not None
+        bound = gate.below if gate.below is not None else gate.threshold
+        return cls(gate.metric, metrics[gate.metric], bound, below, gate.passes(dict(metrics)))
+
+    @property
+    def word(self) -> str:
+        return "passed" if self.passed else "failed"
+
+    def line(self) -> str:
+        """E.g. ``failed: accuracy 0.9120 < threshold 0.9500``."""
+        relation = "≥" if self.value >= self.bound else "<"
+        name = "bound" if self.below else "threshold"
+        return f"{self.word}: {self.metric} {self.value:.4f} {relation} {name} {self.bound:.4f}"
+
+
+def accuracy_verdict(evaluation: Mapping[str, Any]) -> Verdict:
+    """The default gate: the evaluation's accuracy against its threshold."""
+    accuracy, threshold = float(evaluation["accuracy"]), float(evaluation["threshold"])
+    return Verdict("accuracy", accuracy, threshold, below=False, passed=accuracy >= threshold)
+
+
+def _number(value: Any) -> float | None:
+    """A finite number read from the card, else None (the card is covered by no digest)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _records(value: Any) -> list[Mapping[str, Any]]:
+    """The card's list of records (``metrics``, ``history``), its malformed entries left out."""
+    return (
+        [entry for entry in value if isinstance(entry, Mapping)] if isinstance(value, list) else []
+    )
+
+
+def _series(
+    records: Sequence[Mapping[str, Any]], x: str, y: str
+) -> tuple[list[float], list[float]]:
+    """(x, y) of one recorded quantity, skipping records without both as finite numbers."""
+    points = [(_number(entry.get(x)), _number(entry.get(y))) for entry in records]
+    kept = [(a, b) for a, b in points if a is not None and b is not None]
+    return [a for a, _ in kept], [b for _, b in kept]
 
 
 def _png(figure: Any) -> bytes:
@@ -53,72 +131,132 @@ def _png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(epochs, values) of one metric, skipping epochs that did not record it."""
-    points = [
-        (float(entry["epoch"]), float(entry[key]))
-        for entry in metrics
-        if isinstance(entry.get(key), int | float) and isinstance(entry.get("epoch"), int | float)
-    ]
-    return [epoch for epoch, _ in points], [value for _, value in points]
+def _not_recorded(axes: Any) -> None:
+    axes.text(0.5, 0.5, NOT_RECORDED, ha="center", va="center", transform=axes.transAxes)
 
 
-def training_curves_png(metrics: Sequence[Mapping[str, Any]]) -> bytes:
-    """Loss and accuracy per epoch, train against test, side by side."""
+def training_curves_figure(metrics: Sequence[Mapping[str, Any]], verdict: Verdict) -> Any:
+    """Loss and accuracy per epoch, train against the split each epoch was scored on
+    (validation, or test for an older dataset), the gate's line on the gated metric's chart."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    for axes, (title, train_key, test_key) in zip(figure.subplots(1, 2), CURVES, strict=True):
-        for key, label in ((train_key, "train"), (test_key, "test")):
-            epochs, values = _series(metrics, key)
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    panels = (("loss", "cross-entropy loss"), ("accuracy", "accuracy (fraction correct)"))
+    for axes, (metric, ylabel) in zip(figure.subplots(1, 2), panels, strict=True):
+        for split in ("train", *EPOCH_SPLITS):
+            epochs, values = _series(metrics, "epoch", f"{split}_{metric}")
             if epochs:
-                axes.plot(epochs, values, marker="o", markersize=3, label=label)
-        axes.set(title=title, xlabel="epoch")
+                axes.plot(epochs, values, marker="o", markersize=3, label=split)
+        axes.set(title=f"{metric} per epoch", xlabel="epoch", ylabel=ylabel)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
-        if axes.has_data():
-            axes.legend()
-        else:
-            axes.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=axes.transAxes)
-    return _png(figure)
+        if not axes.has_data():
+            _not_recorded(axes)
+            continue
+        if verdict.metric == metric:
+            name = "bound" if verdict.below else "threshold"
+            colour = "tab:green" if verdict.passed else "tab:red"
+            axes.axhline(
+                verdict.bound, color=colour, linestyle="--", label=f"{name} {verdict.bound:g}"
+            )
+        axes.legend()
+    return figure
 
 
-def confusion_matrix_png(classes: Sequence[str], matrix: Sequence[Sequence[int]]) -> bytes:
-    """Counts of true (rows) against predicted (columns) classes."""
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """The mean of each ``window`` consecutive values (``len(values) - window + 1`` of them)."""
+    import numpy as np
+
+    kernel = np.ones(window) / window
+    return np.convolve(np.asarray(values, dtype=np.float64), kernel, mode="valid").tolist()
+
+
+def training_steps_figure(history: Sequence[Mapping[str, Any]]) -> Any:
+    """Training loss and throughput per optimizer step (the card's ``history``: rank 0's mean
+    loss over each step, the job's samples/s), or None when the card records no steps. A noisy
+    per-step loss is drawn faint under its moving average."""
+    from matplotlib.figure import Figure
+
+    steps, losses = _series(history, "step", "loss")
+    rate_steps, rates = _series(history, "step", "samples_per_second")
+    if not steps and not rate_steps:
+        return None
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    loss_axes, rate_axes = figure.subplots(1, 2)
+    loss_axes.set(title="training loss per step", xlabel="optimizer step", ylabel="loss (rank 0)")
+    rate_axes.set(title="throughput per step", xlabel="optimizer step", ylabel="samples/s (job)")
+    window = max(1, len(losses) // 50)
+    if window > 1:
+        loss_axes.plot(steps, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="per step")
+        loss_axes.plot(
+            steps[window - 1 :], moving_average(losses, window), color="tab:blue",
+            label=f"mean of {window} steps",
+        )  # fmt: skip
+        loss_axes.legend()
+    elif steps:
+        loss_axes.plot(steps, losses, color="tab:blue", marker=".")
+    if rate_steps:
+        rate_axes.plot(rate_steps, rates, color="tab:orange", linewidth=0.8)
+        rate_axes.set_ylim(bottom=0)
+    for axes in (loss_axes, rate_axes):
+        axes.grid(alpha=0.3)
+        if not axes.has_data():
+            _not_recorded(axes)
+    return figure
+
+
+def normalized_rows(matrix: Sequence[Sequence[int]]) -> list[list[float]]:
+    """Each true class's row as fractions of its samples (each sums to 1), so a class's errors
+    show whatever its size; a class absent from the split keeps a row of zeros."""
+    rows = []
+    for row in matrix:
+        total = sum(row)
+        rows.append([count / total if total else 0.0 for count in row])
+    return rows
+
+
+def _percent(fraction: float) -> str:
+    """A cell's text: blank for none, ``<1%`` for an error too rare to round to a percent."""
+    if fraction == 0:
+        return ""
+    return "<1%" if fraction < 0.005 else f"{fraction:.0%}"
+
+
+def confusion_matrix_figure(classes: Sequence[str], matrix: Sequence[Sequence[int]]) -> Any:
+    """True (rows) against predicted (columns) classes, each row normalised to 1, on a
+    square-root colour scale so that an error of a few percent is visible beside a diagonal
+    near 1; cells carry their percentage up to :data:`ANNOTATE_MAX_CLASSES` classes."""
+    from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
     count = len(classes)
-    side = min(max(4.0, 0.45 * count + 2.0), 14.0)
-    figure = Figure(figsize=(side + 1.0, side), layout="constrained")
+    side = min(max(5.0, 0.6 * count + 2.5), 14.0)
+    figure = Figure(figsize=(side + 1.2, side), layout="constrained")
     axes = figure.subplots()
-    image = axes.imshow(matrix, cmap="Blues")
-    figure.colorbar(image, ax=axes, shrink=0.8)
+    fractions = normalized_rows(matrix)
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = axes.imshow(fractions, cmap="Blues", norm=norm)
+    bar = figure.colorbar(image, ax=axes, shrink=0.8)
+    bar.set_label("fraction of the true class (square-root scale)")
     axes.set(
-        title="confusion matrix",
-        xlabel="predicted",
-        ylabel="true",
+        title="confusion matrix, rows normalised",
+        xlabel="predicted class",
+        ylabel="true class",
         xticks=range(count),
         yticks=range(count),
     )
-    axes.set_xticklabels(classes, rotation=90 if count > 10 else 0)
+    long_names = count > 10 or any(len(str(name)) > 4 for name in classes)
+    axes.set_xticklabels(classes, rotation=90 if long_names else 0)
     axes.set_yticklabels(classes)
     if count <= ANNOTATE_MAX_CLASSES:
-        peak = max((max(row) for row in matrix), default=0)
-        for i, row in enumerate(matrix):
-            for j, value in enumerate(row):
-                color = "white" if value > peak / 2 else "black"
-                axes.text(j, i, str(value), ha="center", va="center", color=color, fontsize=8)
-    return _png(figure)
-
-
-def _table(rows: Sequence[Sequence[Any]], header: Sequence[str] = ()) -> str:
-    def cells(tag: str, values: Sequence[Any]) -> str:
-        return "".join(f"<{tag}>{html.escape(_text(v))}</{tag}>" for v in values)
-
-    head = f"<thead><tr>{cells('th', header)}</tr></thead>" if header else ""
-    body = "".join(f"<tr>{cells('th', row[:1])}{cells('td', row[1:])}</tr>" for row in rows)
-    return f"<table>{head}<tbody>{body}</tbody></table>"
+        size = 11 if count <= 12 else 9
+        for i, row in enumerate(fractions):
+            for j, fraction in enumerate(row):
+                colour = "white" if norm(fraction) > 0.6 else "black"
+                text = _percent(fraction)
+                axes.text(j, i, text, ha="center", va="center", color=colour, fontsize=size)
+    return figure
 
 
 def _text(value: Any) -> str:
@@ -129,6 +267,16 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str] = (), css: str = "") -> str:
+    def cells(tag: str, values: Sequence[Any]) -> str:
+        return "".join(f"<{tag}>{html.escape(_text(v))}</{tag}>" for v in values)
+
+    head = f"<thead><tr>{cells('th', header)}</tr></thead>" if header else ""
+    body = "".join(f"<tr>{cells('th', row[:1])}{cells('td', row[1:])}</tr>" for row in rows)
+    opening = f'<table class="{css}">' if css else "<table>"
+    return f"{opening}{head}<tbody>{body}</tbody></table>"
+
+
 def _image(name: str, png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (
@@ -137,10 +285,82 @@ def _image(name: str, png: bytes, alt: str) -> str:
     )
 
 
+def _missing(what: str) -> str:
+    return f'<p class="missing">{html.escape(what)}: {NOT_RECORDED}.</p>'
+
+
+def _duration(seconds: float) -> str:
+    """``42.1 s``, ``3 min 07 s``, ``2 h 05 min 09 s``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min {secs:02d} s" if hours else f"{minutes} min {secs:02d} s"
+
+
+def _date(text: Any) -> str | None:
+    """An ISO-8601 time from the card, shown in UTC to the minute; None if it is none."""
+    try:
+        moment = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_rows(card: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
+    """The run's name (the card's ``run.job``, else ``name``: the model folder's), its date
+    (``run.updated_at``, the last checkpoint's save, else now: the evaluation's) and duration."""
+    run = card.get("run") if isinstance(card.get("run"), Mapping) else {}
+    job = run.get("job") if isinstance(run.get("job"), str) and run.get("job") else None
+    trained = _date(run.get("updated_at")) if "updated_at" in run else None
+    started = _date(run.get("started_at")) if "started_at" in run else None
+    seconds = _number(run.get("seconds"))
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        ("run", job or name or "unknown"),
+        ("date", trained or f"{now} (evaluated; the card records no run)"),
+        *((("started", started),) if started else ()),
+        (
+            "training time",
+            _duration(seconds) if seconds is not None and seconds >= 0 else NOT_RECORDED,
+        ),
+    ]
+
+
+def _hyperparameter(value: Any) -> str:
+    """Floats as written (``0.0003``, ``1e-05``), not rounded to the tables' 4 decimals."""
+    return f"{value:g}" if isinstance(value, float) else _text(value)
+
+
+def hyperparameter_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The card's ``hyperparameters`` in :data:`HYPERPARAMETERS` order (then any others), with
+    nodes × processes per node on one row; empty when the card records none."""
+    recorded = card.get("hyperparameters")
+    if not isinstance(recorded, Mapping) or not recorded:
+        return []
+    values = dict(recorded)
+    layout = ("nodes", "procs_per_node", "world_size")
+    rows = []
+    for key in (*HYPERPARAMETERS, *sorted(set(values) - set(HYPERPARAMETERS))):
+        if key not in values or key in layout:
+            continue
+        rows.append((key, _hyperparameter(values[key])))
+    if all(key in values for key in layout):
+        shown = (
+            f"{values['nodes']} × {values['procs_per_node']} (world size {values['world_size']})"
+        )
+        rows.append(("nodes × processes per node", shown))
+    else:
+        rows += [(key, _hyperparameter(values[key])) for key in layout if key in values]
+    return rows
+
+
 def model_card_rows(card: Mapping[str, Any], dataset: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """What identifies the model: where its data came from, how it was trained, its digest."""
     spec = card.get("model", {})
-    final = (card.get("metrics") or [{}])[-1]
+    final = (_records(card.get("metrics")) or [{}])[-1]
     rows: list[tuple[str, Any]] = [
         ("dataset source", dataset.get("source", "unknown")),
         ("strategy", card.get("strategy", "unknown")),
@@ -161,72 +381,127 @@ def model_card_rows(card: Mapping[str, Any], dataset: Mapping[str, Any]) -> list
     return rows
 
 
+def epoch_rows(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The per-epoch table: the :data:`EPOCH_COLUMNS` some epoch recorded, and its rows."""
+    columns = [key for key in EPOCH_COLUMNS if any(key in entry for entry in metrics)]
+    return columns, [[entry.get(key, "") for key in columns] for entry in metrics]
+
+
+def report_title(card: Mapping[str, Any], name: str, verdict: Verdict) -> str:
+    """E.g. ``kubetrain model report: digits-ddp: passed (accuracy 0.969)``."""
+    run_name = run_rows(card, name)[0][1]
+    outcome = f"{verdict.word} ({verdict.metric} {verdict.value:.3f})"
+    return f"kubetrain model report: {run_name}: {outcome}"
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
+table { border-collapse: collapse; margin-bottom: 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+td { font-family: ui-monospace, monospace; }
+table.counts td { text-align: right; }
+img { max-width: 100%; }
+.verdict { font-size: 1.4em; font-weight: bold; padding: 0.5em 0.8em; border-radius: 6px;
+  color: #fff; display: inline-block; }
+.verdict.passed { background: #1a7f37; }
+.verdict.failed { background: #cf222e; }
+.missing { color: #666; font-style: italic; }
+"""
+
+
+def _page(title: str, verdict: Verdict, body: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{STYLE}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="verdict {verdict.word}">{html.escape(verdict.line())}</p>
+{body}
+</body></html>
+"""
+
+
+def _run_sections(card: Mapping[str, Any], name: str) -> str:
+    hyperparameters = hyperparameter_rows(card)
+    return f"<h2>Run</h2>\n{_table(run_rows(card, name))}\n<h2>Hyperparameters</h2>\n" + (
+        _table(hyperparameters) if hyperparameters else _missing("hyperparameters")
+    )
+
+
 def build_report(
-    card: Mapping[str, Any], evaluation: Mapping[str, Any], dataset: Mapping[str, Any]
+    card: Mapping[str, Any],
+    evaluation: Mapping[str, Any],
+    dataset: Mapping[str, Any],
+    verdict: Verdict | None = None,
+    name: str = "",
 ) -> Report:
     """The page for ``card`` (``model.json``), ``evaluation`` (the metrics the evaluate step
-    writes, ``passed`` included) and ``dataset`` (the evaluated dataset's manifest)."""
+    writes) and ``dataset`` (the evaluated dataset's manifest). ``verdict``: the gate's outcome
+    (default: accuracy against the evaluation's threshold); ``name``: the run's name when the
+    card records none (the model folder's)."""
+    verdict = verdict or accuracy_verdict(evaluation)
+    metrics = _records(card.get("metrics"))
+    classes, matrix = evaluation["classes"], evaluation["confusion_matrix"]
     images = {
-        CURVES_FILE: training_curves_png(card.get("metrics", [])),
-        CONFUSION_FILE: confusion_matrix_png(evaluation["classes"], evaluation["confusion_matrix"]),
+        CURVES_FILE: _png(training_curves_figure(metrics, verdict)),
+        CONFUSION_FILE: _png(confusion_matrix_figure(classes, matrix)),
     }
-    verdict = "passed" if evaluation["passed"] else "below threshold"
+    steps = training_steps_figure(_records(card.get("history")))
+    if steps is not None:
+        images[STEPS_FILE] = _png(steps)
     summary = [
         ("accuracy", evaluation["accuracy"]),
-        ("threshold", evaluation["threshold"]),
-        ("verdict", verdict),
         ("loss", evaluation["loss"]),
         ("test samples", evaluation["samples"]),
+        ("verdict", verdict.line()),
     ]
-    per_class = zip(
-        evaluation["classes"], evaluation["precision"], evaluation["recall"], strict=True
+    per_class = zip(classes, evaluation["precision"], evaluation["recall"], strict=True)
+    if len(classes) <= COUNTS_TABLE_MAX_CLASSES:
+        counts = _table(
+            [[label, *row] for label, row in zip(classes, matrix, strict=True)],
+            ("true \\ predicted", *classes),
+            css="counts",
+        )
+    else:
+        counts = f"<p>{len(classes)} classes: the counts are in the metrics JSON.</p>"
+    steps_view = (
+        _image(STEPS_FILE, images[STEPS_FILE], "training loss and throughput per optimizer step")
+        if STEPS_FILE in images
+        else _missing("per-step loss and throughput")
     )
-    epochs = [[entry.get(key, "") for key in EPOCH_COLUMNS] for entry in card.get("metrics", [])]
-    title = f"kubetrain model report: accuracy {evaluation['accuracy']:.3f}, {verdict}"
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }}
-td {{ font-family: ui-monospace, monospace; }}
-img {{ max-width: 100%; }}
-</style></head><body>
-<h1>{html.escape(title)}</h1>
-<h2>Evaluation</h2>
+    columns, epochs = epoch_rows(metrics)
+    title = report_title(card, name, verdict)
+    body = f"""<h2>Evaluation on the test split</h2>
 {_table(summary)}
-<h2>Training curves</h2>
-{_image(CURVES_FILE, images[CURVES_FILE], "loss and accuracy per epoch, train and test")}
+{_run_sections(card, name)}
+<h2>Training curves per epoch</h2>
+{_image(CURVES_FILE, images[CURVES_FILE], "loss and accuracy per epoch")}
+<h2>Training per step</h2>
+{steps_view}
 <h2>Confusion matrix</h2>
-{_image(CONFUSION_FILE, images[CONFUSION_FILE], "confusion matrix on the test split")}
+{_image(CONFUSION_FILE, images[CONFUSION_FILE], "test split, rows normalised")}
+<h3>Counts (rows: true class, columns: predicted)</h3>
+{counts}
 <h2>Per class</h2>
 {_table(list(per_class), ("class", "precision", "recall"))}
 <h2>Model card</h2>
 {_table(model_card_rows(card, dataset))}
 <h2>Per epoch</h2>
-{_table(epochs, EPOCH_COLUMNS)}
-</body></html>
-"""
-    return Report(html=page, images=images)
+{_table(epochs, columns) if epochs else _missing("per-epoch metrics")}"""
+    return Report(html=_page(title, verdict, body), images=images)
 
 
 def metrics_report(
-    card: Mapping[str, Any], metrics: Mapping[str, float], gate: str, passed: bool
+    card: Mapping[str, Any], metrics: Mapping[str, float], verdict: Verdict, name: str = ""
 ) -> Report:
-    """The page for a model your own evaluation program scored: its metrics, the gate and the
-    model card (no curves or confusion matrix: those are our evaluation's)."""
-    verdict = "passed" if passed else "not passed"
-    title = f"kubetrain model report: {gate}, {verdict}"
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title></head><body>
-<h1>{html.escape(title)}</h1>
-<h2>Metrics (your evaluation program)</h2>
+    """The page for a model your own evaluation program scored: the verdict, its metrics, the
+    run and the model card (no charts: the curves and confusion matrix are our evaluation's)."""
+    title = report_title(card, name, verdict)
+    body = f"""<h2>Metrics (your evaluation program)</h2>
 {_table(sorted(metrics.items()), ("metric", "value"))}
+{_run_sections(card, name)}
 <h2>Model card</h2>
-{_table(model_card_rows(card, {}))}
-</body></html>
-"""
-    return Report(html=page, images={})
+{_table(model_card_rows(card, {}))}"""
+    return Report(html=_page(title, verdict, body), images={})
 
 
 def check_report_dir(directory: str | Path, inputs: Mapping[str, str | Path] | None = None) -> None:

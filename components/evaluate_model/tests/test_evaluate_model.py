@@ -101,16 +101,15 @@ def test_evaluate_cli_publishes_the_report(model_dir, digits_dir, run_python, tm
     result = evaluate_cli(run_python, model_dir, digits_dir, "--threshold", "0.5", "--report", out)
     assert result.returncode == 0, result.stderr
     assert f"report {out / 'report.html'}" in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == [
-        "confusion_matrix.png",
-        "report.html",
-        "report.json",
-        "training_curves.png",
-    ]
-    page = (out / "report.html").read_text()
-    assert embedded_png_count(page) == 2
     card = json.loads((model_dir / "model.json").read_text())
+    charts = ["confusion_matrix.png", "training_curves.png"]
+    if "history" in card:  # recorded by the trainer since issue 18
+        charts.append("training_steps.png")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*charts, "report.html", "report.json"])
+    page = (out / "report.html").read_text()
+    assert embedded_png_count(page) == len(charts)
     assert card["sha256"] in page and "sklearn:digits" in page
+    assert f"<td>{card.get('run', {}).get('job', 'model')}</td>" in page, "the run's name"
 
 
 def test_kfp_component_writes_the_html_artifact(model_dir, digits_dir, tmp_path):
@@ -129,4 +128,31 @@ def test_kfp_component_writes_the_html_artifact(model_dir, digits_dir, tmp_path)
     )
     assert outputs.passed
     page = (tmp_path / "report").read_text()
-    assert page.startswith("<!DOCTYPE html>") and embedded_png_count(page) == 2
+    charts = 3 if "history" in json.loads((model_dir / "model.json").read_text()) else 2
+    assert page.startswith("<!DOCTYPE html>") and embedded_png_count(page) == charts
+    assert '<p class="verdict passed">passed: accuracy' in page
+
+
+def test_kfp_metrics_lead_with_accuracy_and_loss(model_dir, digits_dir, tmp_path):
+    """Scalars: accuracy, loss, test_samples, in that order (kfp keeps the logging order, the
+    KFP UI sorts by name: the same); the per-class figures are the confusion matrix and the
+    report's, not dozens of precision_<class> scalars."""
+    from kfp import dsl
+
+    from kubetrain.components.evaluate_model.component import evaluate_model as component
+
+    metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
+    classification = dsl.ClassificationMetrics(uri=str(tmp_path / "classification"))
+    component.python_func(
+        model=dsl.Model(uri=str(model_dir)),
+        dataset=dsl.Dataset(uri=str(digits_dir)),
+        metrics=metrics,
+        classification_metrics=classification,
+        report=dsl.HTML(uri=str(tmp_path / "report")),
+        threshold=0.5,
+    )
+    assert list(metrics.metadata) == ["accuracy", "loss", "test_samples"]
+    assert sorted(metrics.metadata) == list(metrics.metadata)
+    matrix = classification.metadata["confusionMatrix"]
+    assert [c["displayName"] for c in matrix["annotationSpecs"]] == [str(i) for i in range(10)]
+    assert sum(map(sum, (row["row"] for row in matrix["rows"]))) == metrics.metadata["test_samples"]

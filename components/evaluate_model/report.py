@@ -55,6 +55,8 @@ HYPERPARAMETERS = (
 ANNOTATE_MAX_CLASSES = 20
 #: Above this many classes the raw counts are no table on the page (they stay in the metrics).
 COUNTS_TABLE_MAX_CLASSES = 50
+#: The per-step curves' means span this fraction of the run's steps (1/25), at least 1 step.
+SMOOTHING = 25
 NOT_RECORDED = "not recorded"
 DPI = 100
 
@@ -172,33 +174,53 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
     return np.convolve(np.asarray(values, dtype=np.float64), kernel, mode="valid").tolist()
 
 
+def moving_rate(rates: Sequence[float], window: int) -> list[float]:
+    """The throughput over each ``window`` consecutive steps: the harmonic mean of their rates,
+    which is their samples over their seconds when the steps are of one size (the arithmetic
+    mean is pulled up by the steps the host's clock timed as nearly instant). Rates are > 0."""
+    return [1.0 / mean for mean in moving_average([1.0 / rate for rate in rates], window)]
+
+
+def _smoothed(
+    axes: Any, x: list[float], y: list[float], mean: list[float], window: int, colour: str
+) -> None:
+    """``y`` drawn faint under its ``window``-step mean ``mean`` (one point per step if 1)."""
+    if window == 1:
+        axes.plot(x, y, color=colour, marker=".", linewidth=1.0)
+        return
+    axes.plot(x, y, color=colour, alpha=0.3, linewidth=0.8, label="per step")
+    axes.plot(x[window - 1 :], mean, color=colour, label=f"mean of {window} steps")
+    axes.legend()
+
+
 def training_steps_figure(history: Sequence[Mapping[str, Any]]) -> Any:
     """Training loss and throughput per optimizer step (the card's ``history``: rank 0's mean
-    loss over each step, the job's samples/s), or None when the card records no steps. A noisy
-    per-step loss is drawn faint under its moving average."""
+    loss over each step, the job's samples/s), or None when the card records no steps.
+
+    Single steps are noisy (small batches; on a GPU the host's clock runs ahead of the device),
+    so each series is drawn faint under its mean over :data:`SMOOTHING` of the run, and the
+    throughput axis stops at 1.5 times the highest mean: the spikes of steps timed as
+    nearly instant run off the chart instead of flattening it."""
     from matplotlib.figure import Figure
 
     steps, losses = _series(history, "step", "loss")
     rate_steps, rates = _series(history, "step", "samples_per_second")
+    kept = [(step, rate) for step, rate in zip(rate_steps, rates, strict=True) if rate > 0]
+    rate_steps, rates = [step for step, _ in kept], [rate for _, rate in kept]
     if not steps and not rate_steps:
         return None
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     loss_axes, rate_axes = figure.subplots(1, 2)
     loss_axes.set(title="training loss per step", xlabel="optimizer step", ylabel="loss (rank 0)")
     rate_axes.set(title="throughput per step", xlabel="optimizer step", ylabel="samples/s (job)")
-    window = max(1, len(losses) // 50)
-    if window > 1:
-        loss_axes.plot(steps, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="per step")
-        loss_axes.plot(
-            steps[window - 1 :], moving_average(losses, window), color="tab:blue",
-            label=f"mean of {window} steps",
-        )  # fmt: skip
-        loss_axes.legend()
-    elif steps:
-        loss_axes.plot(steps, losses, color="tab:blue", marker=".")
+    if steps:
+        window = max(1, len(losses) // SMOOTHING)
+        _smoothed(loss_axes, steps, losses, moving_average(losses, window), window, "tab:blue")
     if rate_steps:
-        rate_axes.plot(rate_steps, rates, color="tab:orange", linewidth=0.8)
-        rate_axes.set_ylim(bottom=0)
+        window = max(1, len(rates) // SMOOTHING)
+        means = moving_rate(rates, window)
+        _smoothed(rate_axes, rate_steps, rates, means, window, "tab:orange")
+        rate_axes.set_ylim(bottom=0, top=1.5 * max(means) if window > 1 else None)
     for axes in (loss_axes, rate_axes):
         axes.grid(alpha=0.3)
         if not axes.has_data():

@@ -24,6 +24,7 @@ from kubetrain.components.evaluate_model.report import (
     confusion_matrix_figure,
     metrics_report,
     moving_average,
+    moving_rate,
     normalized_rows,
     training_curves_figure,
     training_steps_figure,
@@ -319,10 +320,24 @@ def test_per_step_curves_plot_the_history():
     figure = training_steps_figure(recorded_card(epochs=2, steps_per_epoch=100)["history"])
     loss_axes, rate_axes = figure.axes
     raw, mean = loss_axes.get_lines()
-    assert list(raw.get_xdata()) == list(range(1, 201)) and mean.get_label() == "mean of 4 steps"
-    assert len(mean.get_xdata()) == 197
-    assert len(rate_axes.get_lines()[0].get_xdata()) == 200
+    assert list(raw.get_xdata()) == list(range(1, 201)) and mean.get_label() == "mean of 8 steps"
+    assert len(mean.get_xdata()) == len(mean.get_ydata()) == 193
+    raw_rate, mean_rate = rate_axes.get_lines()
+    assert len(raw_rate.get_xdata()) == 200 and len(mean_rate.get_xdata()) == 193
+    assert rate_axes.get_ylim()[1] == pytest.approx(1.5 * max(mean_rate.get_ydata()))
     assert moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.5, 2.5, 3.5]
+
+
+def test_throughput_is_averaged_as_samples_over_seconds():
+    """Two steps of 100 samples, 1 s and 0.001 s: 200 samples in 1.001 s, not 50,050/s."""
+    assert moving_rate([100.0, 100_000.0], 2) == pytest.approx([200 / 1.001])
+
+
+def test_a_few_steps_are_drawn_one_point_each():
+    history = [{"step": s, "loss": 1.0 / s, "samples_per_second": 50.0} for s in range(1, 6)]
+    loss_axes, rate_axes = training_steps_figure(history).axes
+    assert [len(axes.get_lines()) for axes in (loss_axes, rate_axes)] == [1, 1]
+    assert training_steps_figure([{"step": 1, "samples_per_second": 0.0}]) is None
 
 
 def test_a_card_from_before_the_records_renders_with_what_it_has():

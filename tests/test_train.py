@@ -268,6 +268,8 @@ def test_bad_option_exits_nonzero_with_one_line(digits_dir: Path, tmp_path: Path
         (["--dataset", "imagenet"], "--dataset"),
         (["--data", "/nonexistent/kubetrain-data"], "--data"),
         (["--epochs", "ten"], "--epochs"),
+        (["--tensorboard-dir", "s3://bucket/events"], "--tensorboard-dir"),
+        (["--tensorboard-dir", __file__], "--tensorboard-dir"),
     ],
 )
 def test_bad_options_name_the_option(
@@ -398,21 +400,36 @@ def test_custom_dataset_is_checked(digits_dir: Path) -> None:
         load_data("test_train:mismatched_dataset", digits_dir)
 
 
-def test_a_long_epoch_logs_a_line_a_minute_for_the_stall_check(monkeypatch, capsys) -> None:
-    """In a log (no terminal) rank 0 writes a line per epoch, and within a long epoch one a
-    minute, so `wait --stall-timeout` never takes a slow epoch for a hung rank."""
+def test_a_long_epoch_logs_a_record_at_least_a_minute_for_the_stall_check(
+    monkeypatch, capsys
+) -> None:
+    """In a log (no terminal) rank 0's progress records are the heartbeat: one every
+    RECORD_SECONDS, and however slow that is set, one a minute, so `wait --stall-timeout`
+    never takes a slow epoch for a hung rank. The loss (a device read) is asked for only
+    when a record is due."""
+    from kubetrain.progress import parse_record
     from kubetrain.train import progress
 
     clock = [0.0]
+    asked = []
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
-    reporter = progress.PlainReporter()
+    monkeypatch.setattr(progress.PlainReporter, "RECORD_SECONDS", 120.0)
+
+    def so_far() -> progress.SoFar:
+        asked.append(clock[0])
+        return progress.SoFar(step=7, loss=0.5, samples=32 * len(asked))
+
+    reporter = progress.PlainReporter(world_size=4)
     reporter.start_epoch(3, 10, 1000)
     for _ in range(400):  # 400 batches, 0.5 s each: 200 s
         clock[0] += 0.5
-        reporter.advance()
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [
-        "epoch 3/10 in progress: batch 120/1000",
-        "epoch 3/10 in progress: batch 240/1000",
-        "epoch 3/10 in progress: batch 360/1000",
+        reporter.advance(so_far)
+    records = [parse_record(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r.epoch, r.epochs, r.batch, r.batches) for r in records] == [
+        (3, 10, 120, 1000),
+        (3, 10, 240, 1000),
+        (3, 10, 360, 1000),
     ]
+    assert asked == [60.0, 120.0, 180.0]
+    assert records[0].samples_per_second == round(32 / 60 * 4, 1)  # rank 0's rate × world size
+    assert records[0].eta_seconds == 60 / 120 * (1000 - 120 + 7 * 1000)

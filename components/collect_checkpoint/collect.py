@@ -243,6 +243,8 @@ def _model_card(
         "strategy": manifest["strategy"],
         "model": manifest["model"],
         "metrics": manifest.get("metrics", []),
+        # what the trainer records for the report, in checkpoints written since issue 18
+        **{key: manifest[key] for key in ("history", "hyperparameters", "run") if key in manifest},
         "checkpoint_files": manifest["files"],
         "sha256": sha256,
     }

@@ -17,6 +17,7 @@ from kubetrain.components._shared.step_outputs import (
 # Kept equal to prepare_dataset's defaults (a test checks); not imported, to stay light.
 DEFAULT_SOURCE = "sklearn:digits"
 DEFAULT_TEST_FRACTION = 0.2
+DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_SEED = 0
 MAX_CLASSES_SHOWN = 12
 
@@ -27,9 +28,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "prep",
         help="prepare a dataset folder (split, normalised, checksummed) for training",
         description=(
-            "Load a dataset, validate it, split it into train/test (stratified, seeded), "
-            "normalise it with train-split statistics and publish it atomically as a "
-            "kubetrain dataset folder (manifest.json, train.safetensors, test.safetensors)."
+            "Load a dataset, validate it, split it into train/validation/test (stratified, "
+            "seeded), normalise it with the statistics of the samples not held out for "
+            "testing and publish it atomically as a kubetrain dataset folder (manifest.json, "
+            "train.safetensors, validation.safetensors, test.safetensors)."
         ),
     )
     parser.add_argument(
@@ -59,6 +61,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=DEFAULT_VALIDATION_FRACTION,
+        metavar="F",
+        help=(
+            "share of the training samples set aside as the validation split the trainer "
+            "scores each epoch on (the test split is left to evaluate), from 0 to 0.5; 0 "
+            "writes no validation split (default: %(default)s)"
+        ),
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=DEFAULT_SEED,
@@ -85,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         test_fraction=args.test_fraction,
         seed=args.seed,
         cache_dir=args.cache_dir,
+        validation_fraction=args.validation_fraction,
     )
     print(summary(manifest, args.output))
     write_output_parameters(
@@ -110,11 +124,13 @@ def summary(manifest: dict[str, Any], output: str) -> str:
     shown = ", ".join(classes[:MAX_CLASSES_SHOWN])
     if len(classes) > MAX_CLASSES_SHOWN:
         shown += f", … ({len(classes) - MAX_CLASSES_SHOWN} more)"
+    validation = splits.get("validation")
+    held = "" if validation is None else f", validation: {validation['count']} samples"
     return "\n".join(
         [
             f"prepared {manifest['source']} -> {output}",
-            f"  train: {splits['train']['count']} samples, test: {splits['test']['count']} "
-            f"samples ({how})",
+            f"  train: {splits['train']['count']} samples{held}, test: "
+            f"{splits['test']['count']} samples ({how})",
             f"  classes ({len(classes)}): {shown}",
             f"  sample shape: {manifest['sample_shape']}",
         ]

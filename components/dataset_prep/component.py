@@ -14,6 +14,7 @@ def dataset_prep(
     dataset: dsl.Output[dsl.Dataset],
     source: str = "sklearn:digits",
     test_fraction: float = 0.2,
+    validation_fraction: float = 0.1,
     seed: int = 0,
     storage: str = "",
     run_name: str = "",
@@ -22,11 +23,13 @@ def dataset_prep(
 
     Args:
         dataset: Output folder in the kubetrain dataset format (manifest.json,
-            train.safetensors, test.safetensors).
+            train.safetensors, validation.safetensors, test.safetensors).
         source: sklearn:digits (offline), torchvision:MNIST|FashionMNIST|CIFAR10, or a
             local .npz file or folder (path or file:// URL) visible to the pod.
         test_fraction: Share of samples held out for testing (stratified split); ignored
             by sources with their own split.
+        validation_fraction: Share of the training samples set aside as the validation split
+            the trainer scores each epoch on (stratified), 0 to 0.5; 0 writes none.
         seed: Seed of the split; the same seed gives byte-identical files.
         storage: Object-storage URL (e.g. s3://bucket/prefix); when given, the dataset is
             written to storage/datasets/<run_name> and ``dataset`` holds only a LOCATION
@@ -39,7 +42,11 @@ def dataset_prep(
 
     output = object_storage.run_folder(storage, "datasets", run_name) if storage else dataset.path
     manifest = prepare_dataset(
-        source=source, output_dir=output, test_fraction=test_fraction, seed=seed
+        source=source,
+        output_dir=output,
+        test_fraction=test_fraction,
+        seed=seed,
+        validation_fraction=validation_fraction,
     )
     if storage:
         object_storage.write_pointer(dataset.path, output)
@@ -51,6 +58,7 @@ def dataset_prep(
             "seed": manifest["seed"],
             "split": manifest["split"],
             "train_count": manifest["splits"]["train"]["count"],
+            "validation_count": manifest["splits"].get("validation", {}).get("count", 0),
             "test_count": manifest["splits"]["test"]["count"],
             "num_classes": manifest["num_classes"],
             "classes": manifest["classes"],

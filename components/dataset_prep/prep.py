@@ -16,6 +16,13 @@ stored ``x`` and normalisation statistics are per channel, computed on the train
 Statistics are in the units of the source data (no rescaling to [0, 1] first), so a
 serving step normalises a raw sample ``s`` as ``(s - mean) / std`` with the recorded values.
 A channel that is constant on the train split is left unscaled (its std is recorded as 1).
+
+Splits. ``test`` is held out (``test_fraction`` of the samples, stratified and seeded, or the
+source's own test part) and read once, by evaluate. ``validation`` (``validation_fraction`` of
+the rest, stratified by class with the same seed; 0 writes none) is what the trainer scores
+each epoch on. It is carved from train after the test split is chosen and normalised, and
+the statistics are those of train and validation together, so the test split is
+byte-identical to the one a prep without validation writes from the same source and seed.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from kubetrain.storage.integrity import sha256_file
 from kubetrain.storage.urls import file_url_path
 
 DEFAULT_SOURCE = "sklearn:digits"
+DEFAULT_VALIDATION_FRACTION = 0.1
+#: A validation split above half of train would leave less to train on than to score.
+MAX_VALIDATION_FRACTION = 0.5
 DEFAULT_CACHE_DIR = "~/.cache/kubetrain"
 
 #: sklearn's bundled datasets (no download): name -> loader function name.
@@ -77,15 +87,18 @@ def prepare_dataset(
     test_fraction: float = 0.2,
     seed: int = 0,
     cache_dir: str | None = None,
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
 ) -> dict[str, Any]:
     """Load ``source``, validate, split, normalise and publish it at ``output_dir``.
 
     Returns the manifest written to ``output_dir/manifest.json``. The same inputs and
     seed give byte-identical files. Sources with their own split (torchvision, a folder
     with train.npz + test.npz) keep it and ignore ``test_fraction``; otherwise the split
-    is stratified by class. Raises ``InvalidInput`` before writing anything.
+    is stratified by class. ``validation_fraction`` of the train part becomes the
+    ``validation`` split (0: none). Raises ``InvalidInput`` before writing anything.
     """
     _check_test_fraction(test_fraction)
+    _check_validation_fraction(validation_fraction)
     _check_seed(seed)
     check_source(source)
     out = _check_output_dir(output_dir, source, cache_dir)
@@ -112,17 +125,32 @@ def prepare_dataset(
         train_idx, test_idx = _stratified_split(y, classes, test_fraction, seed, where)
         train, test = (x[train_idx], y[train_idx]), (x[test_idx], y[test_idx])
         del x, samples
+    train_where = loaded.origin["train" if loaded.explicit_split else "all"]
+    if validation_fraction > 0:  # checked now: nothing is normalised or written if it fails
+        fit_idx, validation_idx = _validation_split(
+            train[1], classes, validation_fraction, seed, train_where
+        )
 
     mean, std = _normalise(train[0], test[0])
+    splits = {"train": train, "test": test}
+    if validation_fraction > 0:
+        x, y = train
+        splits = {
+            "train": (x[fit_idx], y[fit_idx]),
+            "validation": (x[validation_idx], y[validation_idx]),
+            "test": test,
+        }
+        del x, train
     provenance = {
         "source": source,
         "seed": seed,
         "split": "source" if loaded.explicit_split else "stratified",
         "test_fraction": None if loaded.explicit_split else float(test_fraction),
+        "validation_fraction": float(validation_fraction),
         "source_sha256": loaded.source_sha256,
         "kubetrain_version": __version__,
     }
-    return write_dataset(out, {"train": train, "test": test}, classes, mean, std, provenance)
+    return write_dataset(out, splits, classes, mean, std, provenance)
 
 
 # --- argument checks -------------------------------------------------------------------------
@@ -135,6 +163,21 @@ def _check_test_fraction(test_fraction: float) -> None:
             "test_fraction",
             f"{test_fraction!r} is not a number strictly between 0 and 1",
             "give the share of samples held out for testing, e.g. 0.2",
+        )
+
+
+def _check_validation_fraction(validation_fraction: float) -> None:
+    ok = isinstance(validation_fraction, (int, float)) and not isinstance(validation_fraction, bool)
+    if (
+        not ok
+        or not math.isfinite(validation_fraction)
+        or not (0 <= validation_fraction <= MAX_VALIDATION_FRACTION)
+    ):
+        raise InvalidInput(
+            "validation_fraction",
+            f"{validation_fraction!r} is not a number from 0 to {MAX_VALIDATION_FRACTION}",
+            f"give the share of training samples scored each epoch, e.g. "
+            f"{DEFAULT_VALIDATION_FRACTION}, or 0 for no validation split",
         )
 
 
@@ -593,6 +636,47 @@ def _stratified_split(
             "add samples or change test_fraction",
         ) from exc
     return train_idx, test_idx
+
+
+def _validation_split(
+    y: np.ndarray, classes: list[str], validation_fraction: float, seed: int, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified, seeded split of the train part's indices into train and validation, each
+    holding every class the train part has; refused in one line before sklearn would fail."""
+    from sklearn.model_selection import train_test_split
+
+    counts = np.bincount(y, minlength=len(classes))
+    single = [classes[i] for i, c in enumerate(counts) if c == 1]
+    if single:
+        raise InvalidInput(
+            "validation_fraction",
+            f"{where}: class {single[0]!r} has only 1 training sample ({len(single)} such "
+            "classes); a stratified validation split needs at least 2 per class",
+            "add samples of that class, or pass validation_fraction 0 for no validation split",
+        )
+    total, present = len(y), int((counts > 0).sum())
+    n_validation = math.ceil(validation_fraction * total)  # how sklearn rounds
+    if n_validation < present or total - n_validation < present:
+        raise InvalidInput(
+            "validation_fraction",
+            f"{validation_fraction} of {total} training samples gives {n_validation} validation "
+            f"samples, but each side needs one sample of each of the {present} classes",
+            "choose a larger validation_fraction, add samples, or pass 0 for no validation split",
+        )
+    try:
+        return train_test_split(
+            np.arange(total),
+            test_size=validation_fraction,
+            random_state=seed,
+            shuffle=True,
+            stratify=y,
+        )
+    except ValueError as exc:  # a case the checks above missed: still the user's data
+        raise InvalidInput(
+            "validation_fraction",
+            f"{where}: cannot carve a stratified validation split ({exc})",
+            "add samples, or change validation_fraction (0: no validation split)",
+        ) from exc
 
 
 # --- normalisation ---------------------------------------------------------------------------

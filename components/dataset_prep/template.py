@@ -33,6 +33,8 @@ def dataset_prep_template(
             inputs("output"),
             "--test-fraction",
             inputs("test_fraction"),
+            "--validation-fraction",
+            inputs("validation_fraction"),
             "--seed",
             inputs("seed"),
         ],  # fmt: skip
@@ -44,6 +46,11 @@ def dataset_prep_template(
             ),
             input_parameter("output", "folder to publish the dataset in (on the shared volume)"),
             input_parameter("test_fraction", "share of samples held out for testing", "0.2"),
+            input_parameter(
+                "validation_fraction",
+                "share of training samples scored each epoch (0: no validation split)",
+                "0.1",
+            ),
             input_parameter("seed", "seed of the split", "0"),
         ],  # fmt: skip
         [

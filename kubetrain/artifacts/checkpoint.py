@@ -6,7 +6,11 @@ Layout (format ``kubetrain.checkpoint/v1``)::
     CKPT_DIR/epoch-000003/
         manifest.json                format, epoch, step, world_size, strategy (ddp|fsdp),
                                      model {spec, sample_shape, num_classes}, metrics (one dict
-                                     per finished epoch), files {relpath: sha256}, created
+                                     per finished epoch), files {relpath: sha256}, created;
+                                     optional: history (one dict per optimizer step: step,
+                                     epoch, loss, samples_per_second; at most 2000, evenly
+                                     thinned), hyperparameters, run {job, started_at,
+                                     updated_at, seconds}
         model.safetensors            ddp: the unwrapped module's full state dict
         optimizer.pt                 ddp: optimizer state keyed by parameter name (torch.save)
         dcp/...                      fsdp: a torch.distributed.checkpoint (DCP) checkpoint of
@@ -321,11 +325,16 @@ def save_checkpoint(
     strategy: str,
     model_info: Mapping[str, Any],
     metrics: Sequence[Mapping[str, Any]],
+    history: Sequence[Mapping[str, Any]] | None = None,
+    hyperparameters: Mapping[str, Any] | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> Path | str:
     """Write the checkpoint of ``epoch`` (collective: every rank calls it) and return its path.
 
     ``model`` may be wrapped in DDP or be FSDP2-sharded; ``model_info`` holds the spec,
-    sample_shape and num_classes that rebuild it.
+    sample_shape and num_classes that rebuild it. ``history`` (one entry per optimizer step),
+    ``hyperparameters`` and ``run`` (job, started_at, updated_at, seconds) go into the
+    manifest when given, for the report; readers take them as optional.
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -363,6 +372,9 @@ def save_checkpoint(
             "strategy": strategy,
             "model": dict(model_info),
             "metrics": [dict(entry) for entry in metrics],
+            **({} if history is None else {"history": [dict(entry) for entry in history]}),
+            **({} if hyperparameters is None else {"hyperparameters": dict(hyperparameters)}),
+            **({} if run is None else {"run": dict(run)}),
             "files": {},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }

@@ -41,6 +41,8 @@ _FIELDS = {
     "metrics": RECORDS,
     "files": OBJECT,
 }
+#: Written by the trainer since issue 18, absent from older checkpoints: checked when present.
+_OPTIONAL_FIELDS = {"history": RECORDS, "hyperparameters": OBJECT, "run": OBJECT}
 _PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
 
 PathLike = storage.Location
@@ -68,6 +70,8 @@ def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
     )
     check_fields(manifest, _FIELDS, what, MANIFEST)
     check_fields(manifest["model"], MODEL_FIELDS, what, MANIFEST, within="model.")
+    present = {key: rule for key, rule in _OPTIONAL_FIELDS.items() if key in manifest}
+    check_fields(manifest, present, what, MANIFEST)
     return manifest
 
 

@@ -5,7 +5,10 @@ Provenance: ``source_checkpoint`` (the folder collected from: a kubetrain checkp
 folder, or the folder a script saved into), ``source_file`` (the file taken, relative to it:
 a kubetrain checkpoint's ``manifest.json``, a script's ``model_epoch_10.pt``, a DCP
 ``.metadata``, an HF index), ``source_sha256`` (that file's), ``source_format`` (one of
-:data:`SOURCE_FORMATS`) and ``epoch`` when known. A card of kubetrain's own checkpoint (or one
+:data:`SOURCE_FORMATS`) and ``epoch`` when known. A kubetrain checkpoint's card also carries
+what its manifest recorded of the training: ``metrics`` (per epoch) and, from checkpoints
+written since issue 18, ``history`` (per optimizer step), ``hyperparameters`` and ``run``;
+all are optional. A card of kubetrain's own checkpoint (or one
 written before ``source_format`` existed) records the model fully (``model``: spec, sample
 shape, classes); one of a script's checkpoint records only what is known (``model`` may be
 empty, or hold the spec ``kubetrain collect --model-factory`` named): evaluate takes the sample
@@ -94,7 +97,13 @@ def read_model_card(model_dir: storage.Location) -> dict[str, Any]:
         key: rule for key, rule in MODEL_FIELDS.items() if key in card["model"]
     }  # fmt: skip
     check_fields(card["model"], recorded, what, MODEL_CARD, within="model.")
-    optional = {"metrics": RECORDS, "checkpoint_files": OBJECT}
+    optional = {
+        "metrics": RECORDS,
+        "checkpoint_files": OBJECT,
+        "history": RECORDS,
+        "hyperparameters": OBJECT,
+        "run": OBJECT,
+    }
     check_fields(card, {key: optional[key] for key in optional if key in card}, what, MODEL_CARD)
     source_file = card.get("source_file")
     if source_file is not None and (problem := name_problem(source_file)) is not None:

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         from kubetrain.train.trainer import run
 
         runtime = distributed.init_runtime(options.device)
-        reporter = make_reporter(runtime.is_main)
+        reporter = make_reporter(runtime.is_main, runtime.world_size)
         run(options, runtime, reporter)
         return 0
     except KeyboardInterrupt:

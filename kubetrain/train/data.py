@@ -22,11 +22,15 @@ DATASET_FIX = "use prepared or a package.module:callable returning (x, y) tensor
 
 @dataclass(frozen=True)
 class TrainData:
+    """The train split and the one each epoch is scored on: ``validation`` when the dataset
+    has it (the test split is then left to evaluate, which reads it once), else ``test``."""
+
     train_x: torch.Tensor
     train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
+    eval_x: torch.Tensor
+    eval_y: torch.Tensor
     num_classes: int
+    eval_split: str = "test"
 
     @property
     def sample_shape(self) -> list[int]:
@@ -53,38 +57,42 @@ def _checked(x: object, y: object, source: str, split: str) -> tuple[torch.Tenso
 
 
 def load_data(dataset: str, data_dir: str | None) -> TrainData:
-    """Read the train and test splits, from a prepared folder or a user's callable."""
+    """Read the train split and the split epochs are scored on, from a prepared folder (its
+    ``validation`` split when it has one: datasets prepared before it existed have none) or
+    a user's callable (called for "train" and "test": it has no validation split)."""
     if dataset == "prepared":
         assert data_dir is not None, "options validation requires --data for prepared"
         manifest = datasets.read_manifest(data_dir)
+        eval_split = "validation" if "validation" in manifest["splits"] else "test"
         train_x, train_y = datasets.load_split(data_dir, "train")
-        test_x, test_y = datasets.load_split(data_dir, "test")
+        eval_x, eval_y = datasets.load_split(data_dir, eval_split)
         num_classes = int(manifest["num_classes"])
-        if len(train_y) == 0 or len(test_y) == 0:
+        if len(train_y) == 0 or len(eval_y) == 0:
             raise InvalidInput(
                 "--data",
-                f"{data_dir} has {len(train_y)} train and {len(test_y)} test samples",
+                f"{data_dir} has {len(train_y)} train and {len(eval_y)} {eval_split} samples",
                 "prepare a dataset with samples in both splits",
             )
     else:
+        eval_split = "test"
         loader = import_callable(dataset, "--dataset", DATASET_FIX)
         train_x, train_y = _checked(*loader(data_dir, "train"), dataset, "train")
-        test_x, test_y = _checked(*loader(data_dir, "test"), dataset, "test")
-        num_classes = int(max(train_y.max(), test_y.max())) + 1
-    if list(train_x.shape[1:]) != list(test_x.shape[1:]):
+        eval_x, eval_y = _checked(*loader(data_dir, "test"), dataset, "test")
+        num_classes = int(max(train_y.max(), eval_y.max())) + 1
+    if list(train_x.shape[1:]) != list(eval_x.shape[1:]):
         raise InvalidInput(
             "--dataset",
-            f"train samples are {list(train_x.shape[1:])} but test samples "
-            f"{list(test_x.shape[1:])}",
+            f"train samples are {list(train_x.shape[1:])} but {eval_split} samples "
+            f"{list(eval_x.shape[1:])}",
             "give both splits the same sample shape",
         )
-    low = int(min(train_y.min(), test_y.min()))
-    high = int(max(train_y.max(), test_y.max()))
+    low = int(min(train_y.min(), eval_y.min()))
+    high = int(max(train_y.max(), eval_y.max()))
     if low < 0 or high >= num_classes:
         raise InvalidInput(
             "--dataset", f"labels span {low}..{high}, outside 0..{num_classes - 1}", DATASET_FIX
         )
-    return TrainData(train_x, train_y, test_x, test_y, num_classes)
+    return TrainData(train_x, train_y, eval_x, eval_y, num_classes, eval_split)
 
 
 class BatchDataset(Dataset):
@@ -171,11 +179,11 @@ def train_loader(
 def eval_batches(
     x: torch.Tensor, y: torch.Tensor, *, batch_size: int, rank: int, world_size: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """This rank's slice of the test set as ``(x, y, weight)`` batches.
+    """This rank's slice of the split an epoch is scored on, as ``(x, y, weight)`` batches.
 
     Slices differ in length by at most one; the shorter ones are padded with weight-0 samples
     so that every rank runs the same number of forwards (FSDP all-gathers in each one) and
-    the summed metrics count each test sample exactly once.
+    the summed metrics count each sample exactly once.
     """
     total = len(y)
     per_rank = math.ceil(total / world_size)

@@ -12,18 +12,30 @@ from torch import nn
 
 from kubetrain.train.data import eval_batches
 from kubetrain.train.distributed import Runtime, all_reduce_sum, gradient_sync
-from kubetrain.train.progress import Reporter
+from kubetrain.train.progress import Reporter, SoFar
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step as this rank saw it: the mean loss over its micro-batches, their
+    samples and the seconds since the step before (on a GPU, the host's clock: it runs ahead
+    of the device until the device's queue fills, so single steps are approximate)."""
+
+    loss: float
+    samples: int
+    seconds: float
 
 
 @dataclass(frozen=True)
 class EpochStats:
-    """Totals over all ranks."""
+    """Totals over all ranks, and this rank's steps."""
 
     loss: float
     accuracy: float
     samples: int
     seconds: float
     steps: int
+    per_step: list[StepStats]
 
 
 def _autocast(device: torch.device) -> torch.autocast:
@@ -41,15 +53,29 @@ def train_epoch(
     grad_accum_steps: int,
     clip_grad_norm: float,
     reporter: Reporter,
+    first_step: int = 0,
 ) -> EpochStats:
-    """Run one epoch; every ``grad_accum_steps`` micro-batches (and the last) make one step."""
+    """Run one epoch; every ``grad_accum_steps`` micro-batches (and the last) make one step.
+
+    Each micro-batch's loss stays on the device (no wait on it per batch); they are read
+    together at the end of the epoch, and mid-epoch only when the reporter asks for a record.
+    ``first_step`` counts the steps before this epoch, for the records.
+    """
     device = runtime.device
     model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    batch_losses = torch.zeros(max(num_batches, 1), dtype=torch.float64, device=device)
+    batch_sizes: list[int] = []
     correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = 0
     steps = 0
     started = time.perf_counter()
+    step_ends: list[float] = []
+
+    def so_far() -> SoFar:
+        done = len(batch_sizes)
+        loss = batch_losses[:done].sum().item() / max(seen, 1)
+        return SoFar(step=first_step + steps, loss=loss, samples=seen)
+
     optimizer.zero_grad(set_to_none=True)
     for index, (x_batch, y_batch) in enumerate(batches):
         x = x_batch.to(device, non_blocking=True)  # a no-op for batches already there
@@ -68,15 +94,18 @@ def train_epoch(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             steps += 1
-        loss_sum += loss.detach().double() * len(y)
+            step_ends.append(time.perf_counter())
+        batch_losses[index] = loss.detach().double() * len(y)
         correct += (logits.detach().argmax(dim=1) == y).sum()
         seen += len(y)
-        reporter.advance()
+        batch_sizes.append(len(y))
+        reporter.advance(so_far)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
+    loss_sums = batch_losses[: len(batch_sizes)].tolist()
     total_loss, total_correct, total_seen = all_reduce_sum(
-        [loss_sum.item(), float(correct.item()), float(seen)], device
+        [sum(loss_sums), float(correct.item()), float(seen)], device
     )
     return EpochStats(
         loss=total_loss / max(total_seen, 1),
@@ -84,7 +113,28 @@ def train_epoch(
         samples=int(total_seen),
         seconds=seconds,
         steps=steps,
+        per_step=_per_step(loss_sums, batch_sizes, grad_accum_steps, started, step_ends),
     )
+
+
+def _per_step(
+    loss_sums: list[float],
+    batch_sizes: list[int],
+    grad_accum_steps: int,
+    started: float,
+    step_ends: list[float],
+) -> list[StepStats]:
+    """Group the micro-batches' summed losses into their optimizer steps."""
+    per_step = []
+    previous = started
+    for number, ended in enumerate(step_ends):
+        group = slice(number * grad_accum_steps, (number + 1) * grad_accum_steps)
+        samples = sum(batch_sizes[group])
+        per_step.append(
+            StepStats(sum(loss_sums[group]) / max(samples, 1), samples, ended - previous)
+        )
+        previous = ended
+    return per_step
 
 
 @torch.no_grad()

@@ -12,6 +12,8 @@ from kubetrain.errors import InvalidInput
 from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
 PROG = "kubetrain.train"
+#: The event files' default folder under the checkpoint folder.
+TENSORBOARD_FOLDER = "tensorboard"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class TrainOptions:
     resume: str
     seed: int
     device: str
+    tensorboard_dir: str | None  # None: no event files
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -142,7 +145,36 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "cpu", "cuda"),
         help="auto picks cuda when available; default: auto",
     )
+    add(
+        "--tensorboard-dir",
+        default=None,
+        metavar="DIR",
+        help="local folder for rank 0's TensorBoard event files (per-step loss and samples/s, "
+        "per-epoch accuracy and loss), written when the tensorboard package is installed; "
+        "'' disables; default: CHECKPOINT_DIR/tensorboard for a local --checkpoint-dir, none "
+        "for object storage",
+    )
     return parser
+
+
+def _tensorboard_dir(option: str | None, checkpoint_dir: str) -> str | None:
+    """Where event files go: the option, else beside the checkpoints when they are local
+    (SummaryWriter writes local files; on object storage there is no default)."""
+    if option is None:
+        if storage.is_local(checkpoint_dir):
+            return str(storage.join(checkpoint_dir, TENSORBOARD_FOLDER))
+        return None
+    if not option:
+        return None
+    if not storage.is_local(option):
+        raise InvalidInput(
+            "--tensorboard-dir",
+            f"{option} is not a local folder",
+            "pass a local path (a volume TensorBoard reads), or '' to write no event files",
+        )
+    if storage.is_file(option, "--tensorboard-dir"):
+        raise InvalidInput("--tensorboard-dir", f"{option} is a file", "pass a folder path")
+    return str(storage.local_path(option, "--tensorboard-dir"))
 
 
 def _at_least(option: str, value: float, minimum: float, fix: str) -> None:
@@ -197,6 +229,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         resume=args.resume,
         seed=args.seed,
         device=args.device,
+        tensorboard_dir=_tensorboard_dir(args.tensorboard_dir, args.checkpoint_dir),
     )
 
 

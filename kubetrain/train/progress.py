@@ -1,19 +1,36 @@
-"""What rank 0 tells the user: a rich bar on a terminal, plain lines in pod logs.
+"""What rank 0 tells the user: a rich bar on a terminal, plain lines and progress records in
+pod logs.
 
 Log collectors read plain lines, and a bar redrawn in a pod log is noise, so the bar is
-only used when stdout is a TTY. Other ranks say nothing.
+only used when stdout is a TTY. Off a terminal rank 0 writes structured progress records
+(:mod:`kubetrain.progress`), from which `wait`, `logs` and `kubetrain run` draw their own live
+display. Other ranks say nothing.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+
+from kubetrain.progress import Progress, format_record
+
+
+@dataclass(frozen=True)
+class SoFar:
+    """Where the loop is within an epoch, read only when a record is due: the loss is on the
+    device, and reading it waits for the device to catch up."""
+
+    step: int  # optimizer steps since the run began
+    loss: float  # rank 0's mean training loss so far this epoch
+    samples: int  # rank 0's samples so far this epoch
 
 
 class Reporter(Protocol):
     def start_epoch(self, epoch: int, epochs: int, batches: int) -> None: ...
-    def advance(self) -> None: ...
+    def advance(self, so_far: Callable[[], SoFar]) -> None: ...
     def line(self, text: str) -> None: ...
     def close(self) -> None: ...
 
@@ -24,7 +41,7 @@ class SilentReporter:
     def start_epoch(self, epoch: int, epochs: int, batches: int) -> None:
         pass
 
-    def advance(self) -> None:
+    def advance(self, so_far: Callable[[], SoFar]) -> None:
         pass
 
     def line(self, text: str) -> None:
@@ -35,26 +52,47 @@ class SilentReporter:
 
 
 class PlainReporter:
-    """One flushed line per event, for logs, and within a long epoch a line every
-    ``HEARTBEAT_SECONDS``: `wait`'s stall check takes a silent log for a hung rank."""
+    """One flushed line per event, for logs, and within an epoch a progress record every
+    ``RECORD_SECONDS`` and at its last batch. The records are also the heartbeat: `wait`'s
+    stall check takes a log silent for its stall timeout for a hung rank, so however
+    ``RECORD_SECONDS`` is set, a line comes at least every ``HEARTBEAT_SECONDS``."""
 
-    #: Far below `wait`'s default stall timeout (1800 s), far above a line per step.
+    #: Often enough for a live display, rare enough to keep a long run's log short.
+    RECORD_SECONDS = 2.0
+    #: Far below `wait`'s default stall timeout (1800 s).
     HEARTBEAT_SECONDS = 60.0
 
-    def __init__(self) -> None:
+    def __init__(self, world_size: int = 1) -> None:
+        self._world_size = world_size
         self._epoch = self._epochs = self._batches = self._done = 0
-        self._last_line = time.monotonic()
+        self._epoch_started = self._last_line = time.monotonic()
 
     def start_epoch(self, epoch: int, epochs: int, batches: int) -> None:
         self._epoch, self._epochs, self._batches, self._done = epoch, epochs, batches, 0
+        self._epoch_started = time.monotonic()
 
-    def advance(self) -> None:
+    def advance(self, so_far: Callable[[], SoFar]) -> None:
         self._done += 1
-        if time.monotonic() - self._last_line >= self.HEARTBEAT_SECONDS:
-            self.line(
-                f"epoch {self._epoch}/{self._epochs} in progress: batch {self._done}/"
-                f"{self._batches}"
-            )
+        now = time.monotonic()
+        interval = min(self.RECORD_SECONDS, self.HEARTBEAT_SECONDS)
+        if self._done >= self._batches or now - self._last_line >= interval:
+            self.line(format_record(self._progress(so_far())))
+
+    def _progress(self, so_far: SoFar) -> Progress:
+        """The record: rates from rank 0's time since the epoch began (read after ``so_far``,
+        which waited for the device), the ETA from this epoch's time per batch."""
+        elapsed = max(time.monotonic() - self._epoch_started, 1e-9)
+        remaining = self._batches - self._done + (self._epochs - self._epoch) * self._batches
+        return Progress(
+            epoch=self._epoch,
+            epochs=self._epochs,
+            batch=self._done,
+            batches=self._batches,
+            step=so_far.step,
+            loss=round(so_far.loss, 6),  # short lines: a display shows 4 digits
+            samples_per_second=round(so_far.samples / elapsed * self._world_size, 1),
+            eta_seconds=round(elapsed / self._done * remaining, 1),
+        )
 
     def line(self, text: str) -> None:
         print(text, flush=True)
@@ -95,7 +133,7 @@ class RichReporter:
             self._progress.remove_task(self._task)
         self._task = self._progress.add_task(f"epoch {epoch}/{epochs}", total=batches)
 
-    def advance(self) -> None:
+    def advance(self, so_far: Callable[[], SoFar]) -> None:
         if self._task is not None:
             self._progress.advance(self._task)
 
@@ -106,7 +144,7 @@ class RichReporter:
         self._progress.stop()
 
 
-def make_reporter(is_main: bool) -> Reporter:
+def make_reporter(is_main: bool, world_size: int = 1) -> Reporter:
     if not is_main:
         return SilentReporter()
-    return RichReporter() if sys.stdout.isatty() else PlainReporter()
+    return RichReporter() if sys.stdout.isatty() else PlainReporter(world_size)

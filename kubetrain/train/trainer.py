@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -23,7 +26,8 @@ from kubetrain.artifacts.models import build_model
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
-from kubetrain.train.loop import evaluate, train_epoch
+from kubetrain.train.events import open_event_files
+from kubetrain.train.loop import EpochStats, evaluate, train_epoch
 from kubetrain.train.options import TrainOptions
 from kubetrain.train.progress import Reporter
 
@@ -78,14 +82,110 @@ def _check_compatible(ckpt: str, model_info: dict[str, Any]) -> None:
         )
 
 
+#: The most per-step entries a manifest's ``history`` holds (see :func:`thin_history`).
+MAX_HISTORY = 2000
+
+
 def epoch_line(record: dict[str, Any], epochs: int) -> str:
-    """The one line per epoch that people read and log scrapers parse; keep its shape stable."""
+    """The one line per epoch that people read and log scrapers parse; keep its shape stable.
+    The split scored is named: ``validation_accuracy``, or ``test_accuracy`` for a dataset
+    without a validation split."""
+    split = "validation" if "validation_accuracy" in record else "test"
     return (
         f"epoch {record['epoch']}/{epochs} step {record['step']} loss {record['train_loss']:.4f} "
         f"train_accuracy {record['train_accuracy']:.4f} "
-        f"test_accuracy {record['test_accuracy']:.4f} "
+        f"{split}_accuracy {record[f'{split}_accuracy']:.4f} "
         f"samples/s {record['samples_per_second']:.1f}"
     )
+
+
+def thin_history(history: Sequence[Mapping[str, Any]], limit: int = MAX_HISTORY) -> list[Any]:
+    """At most ``limit`` per-step entries spanning the whole run: those whose step is a
+    multiple of the smallest power of two that leaves no more. The stride only grows as the
+    run does, so thinning again keeps a subset of what was kept, evenly spaced."""
+    last = history[-1]["step"] if history else 0
+    stride = 1
+    while last // stride > limit:
+        stride *= 2
+    return [entry for entry in history if entry["step"] % stride == 0]
+
+
+def step_history(stats: EpochStats, epoch: int, first_step: int, world_size: int) -> list[Any]:
+    """The manifest's ``history`` entries of one epoch: rank 0's mean loss over each step's
+    micro-batches and the job's samples/s (rank 0's rate times the world size)."""
+    return [
+        {
+            "step": first_step + number,
+            "epoch": epoch,
+            "loss": step.loss,
+            "samples_per_second": step.samples / max(step.seconds, 1e-9) * world_size,
+        }
+        for number, step in enumerate(stats.per_step, start=1)
+    ]
+
+
+def _env_count(name: str) -> int | None:
+    """A whole number from the environment, or None (absent, or torchrun's elastic ``1:4``)."""
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def hyperparameters(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
+    """What the report shows of how the model was trained. Nodes and processes per node come
+    from the torchrun environment: ``PET_NNODES``, which the Trainer sets on each node
+    (kubeflow/trainer v2.3.0 pkg/constants/constants.go TorchEnvNumNodes), and
+    ``LOCAL_WORLD_SIZE``, which torchrun sets for each worker (torch/distributed/run.py);
+    without them (one process), from the world size."""
+    procs = _env_count("LOCAL_WORLD_SIZE") or runtime.world_size
+    nodes = _env_count("PET_NNODES") or max(runtime.world_size // procs, 1)
+    return {
+        "model": options.model,
+        "dataset": options.dataset if options.dataset != "prepared" else options.data,
+        "strategy": options.strategy,
+        "optimizer": options.optimizer,
+        "lr": options.lr,
+        "batch_size": options.batch_size,
+        "grad_accum_steps": options.grad_accum_steps,
+        "clip_grad_norm": options.clip_grad_norm,
+        "epochs": options.epochs,
+        "seed": options.seed,
+        "nodes": nodes,
+        "procs_per_node": procs,
+        "world_size": runtime.world_size,
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class RunClock:
+    """The manifest's ``run``: the job's name (``KUBETRAIN_JOB_NAME``, which the backends set,
+    else the checkpoint folder's name), when its first attempt started and the wall seconds
+    spent training, summed over the attempts a resume continues."""
+
+    def __init__(self, checkpoint_dir: str) -> None:
+        folder = os.path.basename(str(checkpoint_dir).rstrip("/"))
+        self.job = os.environ.get("KUBETRAIN_JOB_NAME") or folder
+        self.started_at = _now()
+        self._seconds_before = 0.0
+        self._attempt_started = time.monotonic()
+
+    def resume(self, run: Mapping[str, Any] | None) -> None:
+        """Continue the clock of the run a checkpoint recorded (one written before ``run``
+        existed has none: this attempt is then the first)."""
+        if run:
+            self.started_at = str(run.get("started_at") or self.started_at)
+            self._seconds_before = float(run.get("seconds") or 0.0)
+
+    def record(self) -> dict[str, Any]:
+        seconds = self._seconds_before + time.monotonic() - self._attempt_started
+        return {
+            "job": self.job,
+            "started_at": self.started_at,
+            "updated_at": _now(),
+            "seconds": round(seconds, 3),
+        }
 
 
 def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
@@ -100,6 +200,7 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
 
 
 def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
+    clock = RunClock(options.checkpoint_dir)
     data = load_data(options.dataset, options.data)
     model_info = {
         "spec": options.model,
@@ -112,7 +213,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
     model = wrap_model(module, options.strategy, runtime)
     optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
 
-    first_epoch, step, metrics, last = 1, 0, [], None
+    first_epoch, step, metrics, history, last = 1, 0, [], [], None
     if options.resume == "auto":
         last = _agreed_checkpoint(options.checkpoint_dir)
         if last is not None:
@@ -120,7 +221,10 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
             manifest = restore_checkpoint(last, model, optimizer)
             first_epoch, step = manifest["epoch"] + 1, manifest["step"]
             metrics = list(manifest["metrics"])
+            history = list(manifest.get("history", []))
+            clock.resume(manifest.get("run"))
             reporter.line(f"resumed from {last}: epoch {manifest['epoch']} step {step}")
+    trained = hyperparameters(options, runtime)
 
     train_x, train_y = on_device_if_it_fits(data.train_x, data.train_y, runtime.device)
     loader, sampler = train_loader(
@@ -132,51 +236,68 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
         seed=options.seed,
         device=runtime.device,
     )
-    for epoch in range(first_epoch, options.epochs + 1):
-        sampler.set_epoch(epoch)
-        reporter.start_epoch(epoch, options.epochs, len(loader))
-        stats = train_epoch(
-            model,
-            optimizer,
-            loader,
-            num_batches=len(loader),
-            runtime=runtime,
-            grad_accum_steps=options.grad_accum_steps,
-            clip_grad_norm=options.clip_grad_norm,
-            reporter=reporter,
-        )
-        step += stats.steps
-        test_loss, test_accuracy = evaluate(
-            model, data.test_x, data.test_y, batch_size=options.batch_size, runtime=runtime
-        )
-        record = {
-            "epoch": epoch,
-            "step": step,
-            "train_loss": stats.loss,
-            "train_accuracy": stats.accuracy,
-            "test_loss": test_loss,
-            "test_accuracy": test_accuracy,
-            "samples_per_second": stats.samples / max(stats.seconds, 1e-9),
-        }
-        metrics.append(record)
-        reporter.line(epoch_line(record, options.epochs))
-        if epoch % options.checkpoint_every == 0 or epoch == options.epochs:
-            latest_before = latest_name(options.checkpoint_dir) if runtime.rank == 0 else None
-            last = str(
-                save_checkpoint(
-                    options.checkpoint_dir,
-                    model,
-                    optimizer,
-                    epoch=epoch,
-                    step=step,
-                    strategy=options.strategy,
-                    model_info=model_info,
-                    metrics=metrics,
-                )
+    events = open_event_files(options.tensorboard_dir if runtime.is_main else None, step)
+    try:
+        for epoch in range(first_epoch, options.epochs + 1):
+            sampler.set_epoch(epoch)
+            reporter.start_epoch(epoch, options.epochs, len(loader))
+            stats = train_epoch(
+                model,
+                optimizer,
+                loader,
+                num_batches=len(loader),
+                runtime=runtime,
+                grad_accum_steps=options.grad_accum_steps,
+                clip_grad_norm=options.clip_grad_norm,
+                reporter=reporter,
+                first_step=step,
             )
-            reporter.line(f"checkpoint saved: {last}")
-            if runtime.rank == 0:
-                prune_checkpoints(options.checkpoint_dir, options.keep_checkpoints, latest_before)
+            steps = step_history(stats, epoch, step, runtime.world_size)
+            history = thin_history([*history, *steps])
+            step += stats.steps
+            eval_loss, eval_accuracy = evaluate(
+                model, data.eval_x, data.eval_y, batch_size=options.batch_size, runtime=runtime
+            )
+            split = data.eval_split
+            record = {
+                "epoch": epoch,
+                "step": step,
+                "train_loss": stats.loss,
+                "train_accuracy": stats.accuracy,
+                f"{split}_loss": eval_loss,
+                f"{split}_accuracy": eval_accuracy,
+                "samples_per_second": stats.samples / max(stats.seconds, 1e-9),
+            }
+            metrics.append(record)
+            reporter.line(epoch_line(record, options.epochs))
+            if events is not None:
+                events.steps(steps)
+                events.epoch(record, split)
+            if epoch % options.checkpoint_every == 0 or epoch == options.epochs:
+                latest_before = latest_name(options.checkpoint_dir) if runtime.rank == 0 else None
+                last = str(
+                    save_checkpoint(
+                        options.checkpoint_dir,
+                        model,
+                        optimizer,
+                        epoch=epoch,
+                        step=step,
+                        strategy=options.strategy,
+                        model_info=model_info,
+                        metrics=metrics,
+                        history=history,
+                        hyperparameters=trained,
+                        run=clock.record(),
+                    )
+                )
+                reporter.line(f"checkpoint saved: {last}")
+                if runtime.rank == 0:
+                    prune_checkpoints(
+                        options.checkpoint_dir, options.keep_checkpoints, latest_before
+                    )
+    finally:
+        if events is not None:
+            events.close()
     final_epoch = max(options.epochs, first_epoch - 1)
     reporter.line(f"training complete: epoch {final_epoch} step {step} checkpoint {last}")
     return last

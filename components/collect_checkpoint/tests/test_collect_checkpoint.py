@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from kubetrain.artifacts.checkpoint_manifest import read_manifest
 from kubetrain.artifacts.model_card import read_model_card
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import IntegrityError, InvalidInput
@@ -31,6 +32,12 @@ def test_ddp_checkpoint_is_published_with_its_card(trained_checkpoints, tmp_path
     )
     assert collected.sha256 == sha256_file(source / "model.safetensors")
     assert [p.name for p in tmp_path.iterdir()] == ["model"], "no staging folder is left behind"
+    # what the trainer recorded for the report travels into the card (issue 18)
+    manifest = read_manifest(source)
+    for key in ("history", "hyperparameters", "run"):
+        assert card[key] == manifest[key], key
+    assert card["hyperparameters"]["world_size"] == 1 and card["run"]["job"] == "ddp"
+    assert [entry["step"] for entry in card["history"]] == list(range(1, card["step"] + 1))
 
 
 def test_fsdp_checkpoint_collects_to_the_same_keys_and_shapes_as_ddp(trained_checkpoints, tmp_path):
@@ -38,6 +45,8 @@ def test_fsdp_checkpoint_collects_to_the_same_keys_and_shapes_as_ddp(trained_che
     collected = collect_checkpoint(str(trained_checkpoints["fsdp"]), str(tmp_path / "fsdp"))
     assert collected.card["strategy"] == "fsdp" and collected.card["world_size"] == 2
     assert shapes(tmp_path / "fsdp") == shapes(tmp_path / "ddp")
+    trained = collected.card["hyperparameters"]  # torchrun's LOCAL_WORLD_SIZE: 2 on 1 node
+    assert (trained["nodes"], trained["procs_per_node"], trained["world_size"]) == (1, 2, 2)
 
 
 @pytest.mark.fault

@@ -43,21 +43,25 @@ def test_digits_counts_shape_classes_and_load_split(tmp_path):
     assert manifest == read_manifest(out)
     assert manifest["classes"] == [str(i) for i in range(10)]
     assert manifest["sample_shape"] == [1, 8, 8]
-    assert manifest["splits"]["train"]["count"] == 1437
+    assert manifest["splits"]["train"]["count"] == 1293  # 1437 - ceil(0.1 * 1437)
+    assert manifest["splits"]["validation"]["count"] == 144
+    assert min(manifest["splits"]["validation"]["class_counts"]) >= 13  # stratified: ~14.4
     assert manifest["splits"]["test"]["count"] == 360  # ceil(0.2 * 1797)
     assert sum(manifest["splits"]["test"]["class_counts"]) == 360
     assert min(manifest["splits"]["test"]["class_counts"]) >= 35  # stratified: ~36 per class
     assert manifest["source"] == "sklearn:digits"
     assert manifest["seed"] == 0 and manifest["test_fraction"] == 0.2
+    assert manifest["validation_fraction"] == 0.1
     assert manifest["split"] == "stratified"
     assert len(manifest["normalisation"]["mean"]) == 1
 
     x, y = load_split(out, "train")
-    assert tuple(x.shape) == (1437, 1, 8, 8)
+    assert tuple(x.shape) == (1293, 1, 8, 8)
     assert str(x.dtype) == "torch.float32" and str(y.dtype) == "torch.int64"
     assert int(y.min()) == 0 and int(y.max()) == 9
-    # Normalised with the train split's own statistics.
-    assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-3
+    # Normalised with the statistics of train and validation together.
+    pool = np.concatenate([x.numpy(), load_split(out, "validation")[0].numpy()])
+    assert abs(float(pool.mean())) < 1e-4 and abs(float(pool.std()) - 1) < 1e-3
     x_test, y_test = load_split(out, "test")
     assert tuple(x_test.shape) == (360, 1, 8, 8) and len(y_test) == 360
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no staging left
@@ -68,22 +72,58 @@ def test_tabular_source_is_standardised_per_feature(tmp_path):
     assert manifest["sample_shape"] == [4]
     assert manifest["classes"] == ["setosa", "versicolor", "virginica"]
     assert len(manifest["normalisation"]["mean"]) == 4
-    x, _ = load_split(tmp_path / "iris", "train")
-    np.testing.assert_allclose(x.numpy().mean(axis=0), 0, atol=1e-5)
-    np.testing.assert_allclose(x.numpy().std(axis=0), 1, atol=1e-4)
+    pool = np.concatenate(
+        [load_split(tmp_path / "iris", split)[0].numpy() for split in ("train", "validation")]
+    )
+    np.testing.assert_allclose(pool.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(pool.std(axis=0), 1, atol=1e-4)
 
 
 def test_same_seed_gives_identical_files_and_other_seed_differs(tmp_path):
     first = prepare_dataset("sklearn:digits", str(tmp_path / "a"), seed=7)
     again = prepare_dataset("sklearn:digits", str(tmp_path / "b"), seed=7)
     other = prepare_dataset("sklearn:digits", str(tmp_path / "c"), seed=8)
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         assert first["splits"][split]["sha256"] == again["splits"][split]["sha256"]
         assert first["splits"][split]["sha256"] != other["splits"][split]["sha256"]
         same = (tmp_path / "a" / f"{split}.safetensors").read_bytes()
         assert same == (tmp_path / "b" / f"{split}.safetensors").read_bytes()
     manifests = [(tmp_path / name / "manifest.json").read_bytes() for name in ("a", "b")]
     assert manifests[0] == manifests[1]
+
+
+def test_validation_is_carved_from_train_and_leaves_the_test_split_byte_identical(tmp_path):
+    """The trainer scores epochs on validation, so evaluate's test split must not change: the
+    same seed gives the same test file whether or not a validation split is carved."""
+    with_validation = prepare_dataset("sklearn:digits", str(tmp_path / "v"), seed=4)
+    without = prepare_dataset("sklearn:digits", str(tmp_path / "n"), seed=4, validation_fraction=0)
+
+    assert sorted(without["splits"]) == ["test", "train"]
+    assert sorted(with_validation["splits"]) == ["test", "train", "validation"]
+    assert with_validation["splits"]["test"] == without["splits"]["test"]
+    test_file = "test.safetensors"
+    assert (tmp_path / "v" / test_file).read_bytes() == (tmp_path / "n" / test_file).read_bytes()
+    # train and validation together are the samples the run without validation trains on
+    carved = np.concatenate(
+        [load_split(tmp_path / "v", split)[0].numpy() for split in ("train", "validation")]
+    ).reshape(1437, -1)
+    whole = load_split(tmp_path / "n", "train")[0].numpy().reshape(1437, -1)
+    np.testing.assert_array_equal(np.unique(carved, axis=0), np.unique(whole, axis=0))
+    assert with_validation["normalisation"] == without["normalisation"]
+
+
+def test_cli_validation_fraction_reaches_prep_and_is_checked(tmp_path):
+    args = _prep_parser().parse_args(
+        ["prep", "--output", str(tmp_path / "out"), "--validation-fraction", "0.25"]
+    )
+    assert args.handler(args) == 0
+    assert read_manifest(tmp_path / "out")["splits"]["validation"]["count"] == 360  # of 1437
+    bad = _prep_parser().parse_args(
+        ["prep", "--output", str(tmp_path / "bad"), "--validation-fraction", "0.7"]
+    )
+    with pytest.raises(InvalidInput, match="^validation_fraction: 0.7 is not a number from 0"):
+        bad.handler(bad)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_rerun_replaces_an_earlier_dataset(tmp_path):
@@ -100,8 +140,9 @@ def test_npz_file_with_string_labels_as_path_and_file_url(tmp_path):
     source = tmp_path / "blobs.npz"
     np.savez(source, x=x, y=names)
 
-    by_path = prepare_dataset(str(source), str(tmp_path / "p"), test_fraction=0.3, seed=3)
-    by_url = prepare_dataset(source.as_uri(), str(tmp_path / "u"), test_fraction=0.3, seed=3)
+    options = {"test_fraction": 0.3, "seed": 3, "validation_fraction": 0}
+    by_path = prepare_dataset(str(source), str(tmp_path / "p"), **options)
+    by_url = prepare_dataset(source.as_uri(), str(tmp_path / "u"), **options)
 
     assert by_path["classes"] == ["cat", "dog", "emu"]
     assert by_path["sample_shape"] == [5]
@@ -115,7 +156,9 @@ def test_npz_file_with_string_labels_as_path_and_file_url(tmp_path):
 def test_npz_label_values_are_mapped_to_indices(tmp_path):
     x, y = _blobs(n_per_class=6, classes=3)
     np.savez(tmp_path / "d.npz", x=x, y=np.array([3, 7, 9])[y].astype(np.float64))
-    manifest = prepare_dataset(str(tmp_path / "d.npz"), str(tmp_path / "out"))
+    manifest = prepare_dataset(
+        str(tmp_path / "d.npz"), str(tmp_path / "out"), validation_fraction=0
+    )
     assert manifest["classes"] == ["3", "7", "9"]
     _, labels = load_split(tmp_path / "out", "train")
     assert sorted(set(labels.tolist())) == [0, 1, 2]
@@ -124,7 +167,9 @@ def test_npz_label_values_are_mapped_to_indices(tmp_path):
 def test_npz_classes_array_names_integer_labels(tmp_path):
     x, y = _blobs(n_per_class=6, classes=2)
     np.savez(tmp_path / "d.npz", x=x, y=y, classes=np.array(["no", "yes"]))
-    manifest = prepare_dataset(str(tmp_path / "d.npz"), str(tmp_path / "out"))
+    manifest = prepare_dataset(
+        str(tmp_path / "d.npz"), str(tmp_path / "out"), validation_fraction=0
+    )
     assert manifest["classes"] == ["no", "yes"]
 
 
@@ -142,7 +187,8 @@ def test_folder_with_data_npz(tmp_path):
     np.savez(tmp_path / "src" / "data.npz", x=x, y=y)
     manifest = prepare_dataset(str(tmp_path / "src"), str(tmp_path / "out"))
     assert manifest["split"] == "stratified"
-    assert manifest["splits"]["train"]["count"] + manifest["splits"]["test"]["count"] == 30
+    counts = [manifest["splits"][split]["count"] for split in ("train", "validation", "test")]
+    assert counts == [21, 3, 6]  # 3 validation samples: one of each class
     assert set(manifest["source_sha256"]) == {"data.npz"}
 
 
@@ -157,7 +203,9 @@ def test_folder_with_explicit_split_keeps_it_and_uses_train_statistics(tmp_path)
     manifest = prepare_dataset((tmp_path / "src").as_uri(), str(tmp_path / "out"), seed=5)
 
     assert manifest["split"] == "source" and manifest["test_fraction"] is None
-    assert manifest["splits"]["train"]["count"] == 24
+    assert manifest["splits"]["train"]["count"] == 21
+    assert manifest["splits"]["validation"]["count"] == 3  # ceil(0.1 * 24): one per class
+    assert manifest["splits"]["validation"]["class_counts"] == [1, 1, 1]
     assert manifest["splits"]["test"]["count"] == 6
     np.testing.assert_allclose(manifest["normalisation"]["mean"], x_train.mean(axis=0), rtol=1e-5)
     np.testing.assert_allclose(manifest["normalisation"]["std"], x_train.std(axis=0), rtol=1e-5)
@@ -290,6 +338,44 @@ BAD_INPUTS = {
     "test_fraction nan": (lambda t: {"test_fraction": float("nan")}, "test_fraction", "0.2"),
     "test_fraction bool": (lambda t: {"test_fraction": True}, "test_fraction", "0.2"),
     "negative seed": (lambda t: {"seed": -1}, "seed", "integer"),
+    "validation_fraction < 0": (
+        lambda t: {"validation_fraction": -0.1},
+        "validation_fraction",
+        "from 0 to 0.5",
+    ),
+    "validation_fraction above 0.5": (
+        lambda t: {"validation_fraction": 0.6},
+        "validation_fraction",
+        "from 0 to 0.5",
+    ),
+    "validation_fraction nan": (
+        lambda t: {"validation_fraction": float("nan")},
+        "validation_fraction",
+        "0.1",
+    ),
+    "validation_fraction bool": (
+        lambda t: {"validation_fraction": True},
+        "validation_fraction",
+        "0 for no validation",
+    ),
+    "validation split without every class": (
+        lambda t: {"source": _npz(t, x=X, y=Y), "test_fraction": 0.5},  # 2 of 15 for 3 classes
+        "validation_fraction",
+        "3 classes",
+    ),
+    "single-sample class in the source's train": (
+        lambda t: {
+            "source": _folder(
+                t,
+                {
+                    "train.npz": {"x": X[:21], "y": Y[:21]},  # class 2 once
+                    "test.npz": {"x": X, "y": Y},
+                },
+            )
+        },
+        "validation_fraction",
+        "class '2' has only 1 training sample",
+    ),
     "output is a file": (
         lambda t: {"output_dir": str(_write(t / "in" / "f.txt", b"x"))},
         "output_dir",
@@ -358,6 +444,7 @@ def test_cli_defaults_match_the_function():
     assert args.source == DEFAULT_SOURCE == "sklearn:digits"
     assert args.test_fraction == defaults["test_fraction"].default
     assert args.seed == defaults["seed"].default
+    assert args.validation_fraction == defaults["validation_fraction"].default == 0.1
     assert args.cache_dir is None and defaults["cache_dir"].default is None
 
 
@@ -377,7 +464,7 @@ def test_cli_handler_prepares_and_prints_a_summary(tmp_path, capsys):
     assert args.handler(args) == 0
     printed = capsys.readouterr().out
     assert f"prepared sklearn:digits -> {out}" in printed
-    assert "train: 1347 samples, test: 450 samples" in printed
+    assert "train: 1212 samples, validation: 135 samples, test: 450 samples" in printed
     assert "classes (10): 0, 1, 2" in printed and "[1, 8, 8]" in printed
     assert read_manifest(out)["seed"] == 3
 
@@ -397,7 +484,7 @@ def _run_cli_only_prep(*argv: str) -> subprocess.CompletedProcess:
 def test_cli_main_success_and_error_exit_codes(tmp_path):
     ok = _run_cli_only_prep("prep", "--output", str(tmp_path / "out"))
     assert ok.returncode == 0, ok.stderr
-    assert "train: 1437 samples, test: 360 samples" in ok.stdout
+    assert "train: 1293 samples, validation: 144 samples, test: 360 samples" in ok.stdout
 
     bad = _run_cli_only_prep("prep", "--output", str(tmp_path / "bad"), "--test-fraction", "1.5")
     assert bad.returncode == 2
@@ -455,8 +542,9 @@ def test_kfp_component_runs_in_the_local_runner(tmp_path, monkeypatch):
     manifest = read_manifest(artifact.path)
     assert manifest["seed"] == 4 and manifest["classes"] == [str(i) for i in range(10)]
     x, y = load_split(artifact.path, "train")
-    assert tuple(x.shape) == (1437, 1, 8, 8) and len(y) == 1437
-    assert artifact.metadata["train_count"] == 1437
+    assert tuple(x.shape) == (1293, 1, 8, 8) and len(y) == 1293
+    assert artifact.metadata["train_count"] == 1293
+    assert artifact.metadata["validation_count"] == 144
     assert artifact.metadata["classes"] == manifest["classes"]
     assert list(artifact.metadata["sample_shape"]) == [1, 8, 8]
     assert artifact.metadata["train_sha256"] == manifest["splits"]["train"]["sha256"]
@@ -480,3 +568,28 @@ def test_a_split_file_that_is_not_safetensors_is_refused_naming_it(tmp_path, ver
     (data / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match=rf"{split_file.name} is not a dataset split"):
         load_split(data, "test", verify=verify)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--validation-fraction", "0.7"], "0.7 is not a number from 0 to 0.5"),
+        (["--validation-fraction", "-0.1"], "-0.1 is not a number from 0 to 0.5"),
+        (["--validation-fraction", "nan"], "nan is not a number"),
+        (["--test-fraction", "0.5", "--source", "{blobs}"], "each of the 3 classes"),
+    ],
+)
+def test_cli_refuses_a_bad_validation_fraction_in_one_line(tmp_path, capsys, extra, words):
+    """`kubetrain prep`: a validation split out of range, or too small to hold every class,
+    is one line naming validation_fraction, before anything is written."""
+    from kubetrain.cli import main
+
+    np.savez(tmp_path / "blobs.npz", x=X, y=Y)  # 30 samples, 3 classes
+    extra = [arg.replace("{blobs}", str(tmp_path / "blobs.npz")) for arg in extra]
+    code = main(["prep", "--output", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("kubetrain prep: error: validation_fraction: ") and "\n" not in err
+    assert words in err
+    assert not (tmp_path / "out").exists()

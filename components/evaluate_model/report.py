@@ -41,6 +41,13 @@ CONFUSION_FILE = "confusion_matrix.png"
 #: The split each epoch was scored on: ``validation`` (datasets prepared with one), else
 #: ``test`` (datasets prepared before it existed).
 EPOCH_SPLITS = ("validation", "test")
+#: Each split's line on the per-epoch charts: fixed, so that no split takes the gate line's
+#: green or red.
+SPLIT_STYLE = {
+    "train": {"color": "tab:blue"},
+    "validation": {"color": "tab:orange"},
+    "test": {"color": "tab:purple"},
+}
 #: Columns of the per-epoch table; those no epoch recorded are left out.
 EPOCH_COLUMNS = (
     "epoch", "train_loss", "validation_loss", "test_loss",
@@ -137,25 +144,37 @@ def _not_recorded(axes: Any) -> None:
     axes.text(0.5, 0.5, NOT_RECORDED, ha="center", va="center", transform=axes.transAxes)
 
 
-def training_curves_figure(metrics: Sequence[Mapping[str, Any]], verdict: Verdict) -> Any:
+def training_curves_figure(
+    metrics: Sequence[Mapping[str, Any]], verdict: Verdict, evaluated: Mapping[str, float]
+) -> Any:
     """Loss and accuracy per epoch, train against the split each epoch was scored on
-    (validation, or test for an older dataset), the gate's line on the gated metric's chart."""
+    (validation, or test for an older dataset), with the evaluation's score on the test split
+    (``evaluated``: accuracy, loss) at the last epoch and the gate's line on the gated
+    metric's chart, green when it passed, red when not."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     panels = (("loss", "cross-entropy loss"), ("accuracy", "accuracy (fraction correct)"))
     for axes, (metric, ylabel) in zip(figure.subplots(1, 2), panels, strict=True):
+        last = None
         for split in ("train", *EPOCH_SPLITS):
             epochs, values = _series(metrics, "epoch", f"{split}_{metric}")
             if epochs:
-                axes.plot(epochs, values, marker="o", markersize=3, label=split)
+                axes.plot(
+                    epochs, values, marker="o", markersize=3, label=split, **SPLIT_STYLE[split]
+                )
+                last = max(epochs[-1], last or epochs[-1])
         axes.set(title=f"{metric} per epoch", xlabel="epoch", ylabel=ylabel)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
-        if not axes.has_data():
+        if last is None:
             _not_recorded(axes)
             continue
+        axes.plot(
+            [last], [evaluated[metric]], linestyle="none", marker="*", markersize=12,
+            color="black", label=f"test (evaluate) {evaluated[metric]:.3f}",
+        )  # fmt: skip
         if verdict.metric == metric:
             name = "bound" if verdict.below else "threshold"
             colour = "tab:green" if verdict.passed else "tab:red"
@@ -461,10 +480,11 @@ def build_report(
     (default: accuracy against the evaluation's threshold); ``name``: the run's name when the
     card records none (the model folder's)."""
     verdict = verdict or accuracy_verdict(evaluation)
+    evaluated = {"accuracy": float(evaluation["accuracy"]), "loss": float(evaluation["loss"])}
     metrics = _records(card.get("metrics"))
     classes, matrix = evaluation["classes"], evaluation["confusion_matrix"]
     images = {
-        CURVES_FILE: _png(training_curves_figure(metrics, verdict)),
+        CURVES_FILE: _png(training_curves_figure(metrics, verdict, evaluated)),
         CONFUSION_FILE: _png(confusion_matrix_figure(classes, matrix)),
     }
     steps = training_steps_figure(_records(card.get("history")))

@@ -267,3 +267,25 @@ def jobset_pod_names(
             fix or f"use a name of at most {limit} characters",
         )
     return name
+
+
+def pytorchjob_replica_names(name: str, num_nodes: int, field: str, fix: str = "") -> str:
+    """A PyTorchJob's name whose replicas' pod and Service names fit: the Training Operator
+    names both ``<job>-<replica type, lowercase>-<index>`` (kubeflow/training-operator v1.9.0
+    ``pkg/controller.v1/common/util.go`` ``GenGeneralName``, used by ``pod.go``
+    ``createNewPod`` and ``service.go`` ``CreateNewService``), and a Service's name must be a
+    DNS-1035 label of at most 63 characters, so a longer one never gets its master Service and
+    the job never starts."""
+    replicas = ["-master-0"] + ([f"-worker-{num_nodes - 2}"] if num_nodes > 1 else [])
+    suffix = max(replicas, key=len)
+    limit = DNS1123_LABEL_MAX - len(suffix)
+    if len(name) > limit:
+        longest = name + suffix
+        raise InvalidInput(
+            field,
+            f"{shown(name)} is {len(name)} characters: the Training Operator would name a pod "
+            f"and Service {longest} ({len(longest)} characters, more than {DNS1123_LABEL_MAX}), "
+            "which Kubernetes refuses, so the job would never start",
+            fix or f"use a name of at most {limit} characters",
+        )
+    return name

@@ -1,6 +1,7 @@
 """Backends that run a TrainJobSpec: ``local`` (processes on this machine), ``trainer``
-(a Kubeflow Trainer TrainJob) and ``job`` (an Indexed Job + headless Service, for clusters
-without the Trainer)."""
+(a Kubeflow Trainer TrainJob), ``pytorchjob`` (a Training Operator v1 PyTorchJob, for clusters
+still on Training Operator 1.8/1.9) and ``job`` (an Indexed Job + headless Service, for
+clusters without either)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def get_backend(name: str, options: BackendOptions | None = None) -> Backend:
         from kubetrain.backends.local.backend import LocalBackend
 
         return LocalBackend()
-    if name in ("trainer", "job"):
+    if name in ("trainer", "job", "pytorchjob"):
         from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(kind=name, options=options)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
 
-BACKENDS = ("local", "trainer", "job")
+BACKENDS = ("local", "trainer", "job", "pytorchjob")
 TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
 CANCEL_ACTIONS = ("delete", "suspend")
 #: How long a node pod may stay Unschedulable by default (not for gang runtimes).

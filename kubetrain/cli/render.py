@@ -1,13 +1,14 @@
-"""`kubetrain render trainjob|runtimes|rbac`: print, as YAML, the objects `kubetrain launch`
-would create, or the manifests a cluster needs first (our ClusterTrainingRuntimes; the
-ServiceAccount and RBAC the steps run with), from the package's data: pipe them to
-`kubectl apply -f -`.
+"""`kubetrain render trainjob|pytorchjob|runtimes|rbac`: print, as YAML, the objects
+`kubetrain launch` would create, or the manifests a cluster needs first (our
+ClusterTrainingRuntimes; the ServiceAccount and RBAC the steps run with), from the package's
+data: pipe them to `kubectl apply -f -`.
 
 `render trainjob` takes exactly launch's options (the same argument functions, and the same road:
 ``request_from_args`` then ``render_launch``, which plans the job as ``launch`` does), with
 defaults that make sense without a cluster: ``--backend trainer``, ``--trainer-version auto``
 renders the newest form (2.3; render never contacts a cluster) and ``--data`` points into the
-shared volume our runtimes mount. Heavy imports happen in the handler so ``kubetrain --help``
+shared volume our runtimes mount. `render pytorchjob` is the same with ``--backend pytorchjob``
+(a Training Operator v1 PyTorchJob). Heavy imports happen in the handler so ``kubetrain --help``
 stays fast.
 """
 
@@ -39,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     kinds = render.add_subparsers(
-        dest="kind", metavar="KIND", required=True, help="what to render: trainjob, runtimes, rbac"
+        dest="kind",
+        metavar="KIND",
+        required=True,
+        help="what to render: trainjob, pytorchjob, runtimes, rbac",
     )
     trainjob = kinds.add_parser(
         "trainjob",
@@ -61,8 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         trainjob,
         "backend",
         "trainer",
-        "what to render: trainer (a Kubeflow Trainer TrainJob, default) or job (Indexed Job + "
-        "headless Service, for clusters without the Trainer)",
+        "what to render: trainer (a Kubeflow Trainer TrainJob, default), job (Indexed Job + "
+        "headless Service, for clusters without the Trainer) or pytorchjob (a Training "
+        "Operator v1 PyTorchJob)",
     )
     _set_default(
         trainjob,
@@ -86,7 +91,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "/mnt/shared/checkpoints/<job name>",
     )
     trainjob.set_defaults(handler=run)
+    _register_pytorchjob(kinds)
     _register_manifests(kinds)
+
+
+def _register_pytorchjob(kinds: argparse._SubParsersAction) -> None:
+    pytorchjob = kinds.add_parser(
+        "pytorchjob",
+        help="a Training Operator v1 PyTorchJob (kubeflow.org/v1)",
+        description=(
+            "Print the PyTorchJob `kubetrain launch --backend pytorchjob` would submit to a "
+            "cluster running Kubeflow Training Operator 1.8/1.9, with the same options: a "
+            "Master and nodes - 1 Workers running container pytorch, valid against the "
+            "operator's v1.9 CRD. With --script, the script's ConfigMap comes first."
+        ),
+    )
+    add_backend_arguments(pytorchjob, creates=True)
+    add_job_arguments(pytorchjob)
+    add_training_arguments(pytorchjob)
+    add_command_argument(pytorchjob)
+    _set_default(pytorchjob, "backend", "pytorchjob", "pytorchjob (the only one here)")
+    _set_default(
+        pytorchjob,
+        "data",
+        DEFAULT_DATA_DIR,
+        f"dataset folder inside the pods; default {DEFAULT_DATA_DIR} (mount the shared volume "
+        "there with --volume)",
+    )
+    _set_default(
+        pytorchjob,
+        "checkpoint_dir",
+        "",
+        "where rank 0 writes checkpoints inside the pods; default "
+        "/mnt/shared/checkpoints/<job name>",
+    )
+    pytorchjob.set_defaults(handler=run_pytorchjob)
 
 
 def _register_manifests(kinds: argparse._SubParsersAction) -> None:
@@ -157,6 +196,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return _print_documents(documents)
+
+
+def run_pytorchjob(args: argparse.Namespace) -> int:
+    from kubetrain.errors import InvalidInput
+
+    if args.backend != "pytorchjob":
+        raise InvalidInput(
+            "--backend",
+            f"{args.backend!r} is not a PyTorchJob",
+            f"drop --backend, or use `kubetrain render trainjob --backend {args.backend}`",
+        )
+    return _print_documents(render_documents(args))
 
 
 def run_runtimes(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
-"""Render a TrainJobSpec into Kubernetes objects: a Kubeflow Trainer ``TrainJob``, or an
-Indexed Job + headless Service for clusters without the Trainer, plus the ConfigMap of a
-shipped script. Pure functions: nothing here talks to a cluster.
+"""Render a TrainJobSpec into Kubernetes objects: a Kubeflow Trainer ``TrainJob``, a Training
+Operator v1 ``PyTorchJob``, or an Indexed Job + headless Service for clusters without either,
+plus the ConfigMap of a shipped script. Pure functions: nothing here talks to a cluster.
 
 The renderers load on first use: the pipeline definitions need only ``kubetrain.render.pod``'s
 constants, and the Trainer API models behind ``render_trainjob`` take 0.4 s to import.
@@ -13,12 +13,13 @@ from typing import Any
 
 _HOMES = {
     "render_indexed_job": "kubetrain.render.indexed_job",
+    "render_pytorchjob": "kubetrain.render.pytorchjob",
     "render_script_configmap": "kubetrain.render.script",
     "render_trainjob": "kubetrain.render.trainjob",
 }
 __all__ = [*_HOMES, "render_job"]
 #: The backends whose objects are rendered (the local backend runs processes instead).
-RENDERED_BACKENDS = ("trainer", "job")
+RENDERED_BACKENDS = ("trainer", "job", "pytorchjob")
 
 
 def render_job(
@@ -30,10 +31,12 @@ def render_job(
     runtime_resources: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of ``spec``'s job on ``backend`` (trainer: a TrainJob; job: a headless
-    Service + Indexed Job), in creation order, the job's own object last: a shipped script's
-    ConfigMap first. The one list both `kubetrain render` prints and the backend creates;
-    ``runtime_resources``: the runtime's node container's, when known (``render_trainjob``)."""
+    Service + Indexed Job; pytorchjob: a PyTorchJob), in creation order, the job's own object
+    last: a shipped script's ConfigMap first. The one list both `kubetrain render` prints and
+    the backend creates; ``runtime_resources``: the runtime's node container's, when known
+    (``render_trainjob``)."""
     from kubetrain.render.indexed_job import render_indexed_job
+    from kubetrain.render.pytorchjob import render_pytorchjob
     from kubetrain.render.script import render_script_configmap
     from kubetrain.render.trainjob import render_trainjob
 
@@ -50,6 +53,8 @@ def render_job(
                 runtime_resources=runtime_resources,
             )
         )
+    elif backend == "pytorchjob":
+        rendered.append(render_pytorchjob(spec, namespace=namespace, owner=owner))
     else:
         rendered += render_indexed_job(spec, namespace=namespace, owner=owner)
     return rendered

@@ -20,7 +20,8 @@ Extension points for scripting a cluster's behaviour:
   ``api.admission`` (validating webhooks, e.g. the Trainer's, registered by ``FakeTrainer``);
 * schemas: a custom resource is pruned, defaulted and validated against its CRD (schema and
   CEL rules; ``crd_schema``) on create, replace and patch; ``install_trainer`` installs the
-  real Trainer v2.3 CRDs from ../shared;
+  real Trainer v2.3 CRDs from ../shared, ``install_training_operator`` the Training Operator
+  1.9 PyTorchJob CRD (vendored in ``crds``; ``FakeTrainingOperator`` installs it too);
 * clients: ``configuration``, ``api_client``, ``write_kubeconfig``;
 * anything else through kmock's DSL on ``emulator.api`` (``api[...] << payload``).
 """
@@ -61,6 +62,7 @@ RESOURCES = {
         "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"
     ),
     "trainingruntimes": kmock.resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"),
+    "pytorchjobs": kmock.resource("kubeflow.org", "v1", "pytorchjobs"),
     "workflows": kmock.resource("argoproj.io", "v1alpha1", "workflows"),
 }
 
@@ -309,6 +311,12 @@ class KubeEmulator:
         if runtime:
             body = objects.shipped_runtime(runtime) or objects.torch_runtime(runtime)
             self.create("clustertrainingruntimes", body)
+
+    def install_training_operator(self) -> None:
+        """The Training Operator's PyTorchJob CRD (release-1.9, ``crds/SOURCE.txt``)."""
+        from tests.support.fake_training_operator import pytorchjob_crd
+
+        self.install_crd(pytorchjob_crd())
 
     # --------------------------------------------------------------------- faults
     def fail(

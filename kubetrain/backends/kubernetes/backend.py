@@ -1,5 +1,6 @@
-"""The cluster backends: a job as a Kubeflow Trainer ``TrainJob`` (``trainer``) or, on clusters
-without the Trainer, as an Indexed Job + headless Service (``job``).
+"""The cluster backends: a job as a Kubeflow Trainer ``TrainJob`` (``trainer``), as a Training
+Operator v1 ``PyTorchJob`` (``pytorchjob``, for clusters still on Training Operator 1.8/1.9),
+or, on clusters without either, as an Indexed Job + headless Service (``job``).
 
 From the steps' point of view they behave like the local backend: ``launch`` returns at once
 with the name, ``wait`` streams rank 0's log and ends Complete or Failed with the failing node's
@@ -43,11 +44,13 @@ from kubetrain.backends.kubernetes.client import (
     pod_namespace,
     resolve_namespace,
 )
-from kubetrain.backends.kubernetes.kinds import KINDS, NODE, JobKind
+from kubetrain.backends.kubernetes.kinds import KINDS, JobKind
 from kubetrain.backends.kubernetes.launch import (
     TrainerNotInstalled,
+    TrainingOperatorNotInstalled,
     adopt_or_refuse,
     check_runtime,
+    check_training_operator,
     create_or_adopt,
     node_resources,
     trainer_version,
@@ -93,7 +96,8 @@ def _stderr(text: str) -> None:
 
 
 class KubernetesBackend:
-    """``kind`` "trainer" (a TrainJob) or "job" (Indexed Job + Service), in
+    """``kind`` "trainer" (a TrainJob), "pytorchjob" (a PyTorchJob) or "job" (Indexed Job +
+    Service), in
     ``options.namespace`` (empty: the one we run in, ``resolve_namespace``, with the pod's
     namespace read from ``namespace_file``). The client is created on first use (from the pod's
     ServiceAccount or KUBECONFIG) unless ``api_client`` is given; the grace periods say how
@@ -116,7 +120,9 @@ class KubernetesBackend:
         warn: Callable[[str], None] = _stderr,
     ) -> None:
         if kind not in KINDS:
-            raise InvalidInput("backend", f"{kind!r} is not a cluster backend", "use trainer, job")
+            raise InvalidInput(
+                "backend", f"{kind!r} is not a cluster backend", "use trainer, job or pytorchjob"
+            )
         self.kind: JobKind = KINDS[kind]
         self.options = (options or BackendOptions()).validate()
         self._api_client = api_client
@@ -171,6 +177,12 @@ class KubernetesBackend:
                 self.objects, self.options.trainer_version, namespace, self.warn
             )
             runtime = check_runtime(self.objects, spec, namespace, self.warn)
+        elif self.kind.backend == "pytorchjob":
+            from kubetrain.render.pytorchjob import check_pytorchjob_spec
+
+            # Before any request: names the operator could not give, initializers, env.
+            check_pytorchjob_spec(spec)
+            check_training_operator(self.objects, namespace)
         elif spec.max_restarts:
             raise InvalidInput(
                 "max_restarts",
@@ -220,6 +232,8 @@ class KubernetesBackend:
     def _no_such_job(self, name: str, missing: NotFound) -> KubetrainError:
         if missing.resource_missing and self.kind.backend == "trainer":
             return TrainerNotInstalled()
+        if missing.resource_missing and self.kind.backend == "pytorchjob":
+            return TrainingOperatorNotInstalled()
         return JobNotFound(
             f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; check the name "
             f"and --namespace (`kubectl get {self.kind.plural} -n {self.namespace}`)"
@@ -307,7 +321,7 @@ class KubernetesBackend:
                     self.kind.kind,
                     name,
                     self.namespace,
-                    {"spec": {"suspend": True}},
+                    self.kind.suspend_patch(),
                 )
                 return (
                     f"suspended {self.kind.kind} {name} (delete it with `kubetrain delete "
@@ -379,7 +393,7 @@ class KubernetesBackend:
                 self.objects.core.read_namespaced_pod_log,
                 pod,
                 self.namespace,
-                container=NODE,
+                container=self.kind.container,
                 previous=previous,
                 _preload_content=False,
                 **extra,
@@ -462,8 +476,8 @@ class KubernetesBackend:
                 label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
             )
         except NotFound as missing:
-            if missing.resource_missing and self.kind.backend == "trainer":
-                raise TrainerNotInstalled() from None
+            if missing.resource_missing and self.kind.backend in ("trainer", "pytorchjob"):
+                raise self._no_such_job("", missing) from None
             raise
         now = time.time()
         rows = []
@@ -489,7 +503,7 @@ class KubernetesBackend:
             )
             deleted = True
         except NotFound as missing:
-            if missing.resource_missing and self.kind.backend == "trainer":
+            if missing.resource_missing and self.kind.backend in ("trainer", "pytorchjob"):
                 raise self._no_such_job(name, missing) from None
         extras = [("v1", "ConfigMap", script_configmap_name(name))]
         if self.kind.backend == "job":
@@ -510,8 +524,13 @@ class KubernetesBackend:
 
 
 def _nodes_of(job: dict[str, Any]) -> int:
-    """Nodes of a TrainJob (``spec.trainer.numNodes``) or an Indexed Job (``completions``).
-    ``numNodes`` is optional (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainjob_types.go``;
-    the runtime's then applies), but the TrainJobs we render always carry it."""
+    """Nodes of a TrainJob (``spec.trainer.numNodes``), a PyTorchJob (its replicas, each 1
+    when unset: kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/
+    pytorch_defaults.go``) or an Indexed Job (``completions``). ``numNodes`` is optional
+    (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainjob_types.go``; the runtime's then
+    applies), but the TrainJobs we render always carry it."""
     spec = job.get("spec") or {}
+    replica_specs = spec.get("pytorchReplicaSpecs")
+    if replica_specs:
+        return sum(int((r or {}).get("replicas", 1)) for r in replica_specs.values()) or 1
     return int((spec.get("trainer") or {}).get("numNodes") or spec.get("completions") or 1)

@@ -1,7 +1,8 @@
-"""What differs between the two cluster backends: the object a job is (a Kubeflow Trainer
-``TrainJob``, or a batch ``Job``), how its conditions read, and how its node pods are labelled.
+"""What differs between the cluster backends: the object a job is (a Kubeflow Trainer
+``TrainJob``, a Training Operator v1 ``PyTorchJob``, or a batch ``Job``), how its conditions
+read, how it is suspended, and how its node pods are labelled and named.
 
-Both objects are read and written as plain dicts through ``CustomObjectsApi``, which serves
+The objects are read and written as plain dicts through ``CustomObjectsApi``, which serves
 any API group (``batch/v1`` included), so the rest of the backend handles them alike.
 """
 
@@ -24,6 +25,22 @@ NODE = "node"
 #: Labels (and annotation) the Job controller puts on the pods of a Job.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: The Training Operator's group, and the labels it puts on a PyTorchJob's pods and Services
+#: (kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/common_types.go``;
+#: ``pkg/controller.v1/common/job_controller.go`` ``GenLabels``, ``pod.go`` ``createNewPod``):
+#: the replica type lowercased (``master``, ``worker``), its index, and the controller's name
+#: (``pkg/controller.v1/pytorch/pytorchjob_controller.go`` ``controllerName``).
+TRAINING_OPERATOR_GROUP = "kubeflow.org"
+PYTORCHJOB_CRD = f"pytorchjobs.{TRAINING_OPERATOR_GROUP}"
+OPERATOR_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
+PYTORCHJOB_CONTROLLER = "pytorchjob-controller"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+#: The container a PyTorchJob's pods run the node in (pytorch_types.go).
+PYTORCH = "pytorch"
+#: The containers that run a node, whichever backend made the pod.
+NODE_CONTAINERS = (NODE, PYTORCH)
 
 
 @dataclass(frozen=True)
@@ -35,6 +52,9 @@ class JobKind:
     group: str
     version: str
     plural: str
+    #: The condition that says the job succeeded, and the container whose log is a node's.
+    complete_condition: str = "Complete"
+    container: str = NODE
 
     @property
     def api_version(self) -> str:
@@ -43,24 +63,48 @@ class JobKind:
     def pod_selector(self, job: str) -> str:
         if self.backend == "trainer":
             return f"{JOBSET_NAME_LABEL}={job},{REPLICATED_JOB_LABEL}={NODE}"
+        if self.backend == "pytorchjob":
+            return f"{OPERATOR_NAME_LABEL}={PYTORCHJOB_CONTROLLER},{OPERATOR_JOB_NAME_LABEL}={job}"
         return f"{JOB_NAME_LABEL}={job}"
+
+    def suspend_patch(self) -> dict[str, Any]:
+        """The merge patch that suspends the job (a PyTorchJob's flag is in its runPolicy)."""
+        if self.backend == "pytorchjob":
+            return {"spec": {"runPolicy": {"suspend": True}}}
+        return {"spec": {"suspend": True}}
+
+    def suspended_in_spec(self, obj: dict[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        if self.backend == "pytorchjob":
+            spec = spec.get("runPolicy") or {}
+        return bool(spec.get("suspend"))
 
     def state(self, obj: dict[str, Any]) -> tuple[str, str, str]:
         """(state, reason, message) from the object's conditions; CREATED while undecided
-        (the caller tells Running from the pods: neither object has a Running condition)."""
+        (the caller tells Running from the pods, as a TrainJob and a Job have no Running
+        condition; a PyTorchJob's Created, Running and Restarting are undecided too)."""
         conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
-        for condition_type, state in (("Failed", FAILED), ("Complete", COMPLETE)):
+        for condition_type, state in (("Failed", FAILED), (self.complete_condition, COMPLETE)):
             condition = conditions.get(condition_type)
             if condition is not None and condition.get("status") == "True":
                 return state, condition.get("reason", ""), condition.get("message", "")
-        suspended = conditions.get("Suspended")
-        if (suspended is not None and suspended.get("status") == "True") or (
-            obj.get("spec") or {}
-        ).get("suspend"):
+        suspended = conditions.get("Suspended") or {}
+        if suspended.get("status") == "True" or self.suspended_in_spec(obj):
             return CREATED, "Suspended", f"the {self.kind} is suspended"
         return CREATED, "", ""
 
 
 TRAINJOB = JobKind("trainer", "TrainJob", TRAINER_GROUP, TRAINER_API_VERSION, "trainjobs")
 BATCH_JOB = JobKind("job", "Job", "batch", "v1", "jobs")
-KINDS = {"trainer": TRAINJOB, "job": BATCH_JOB}
+#: A PyTorchJob ends with a Succeeded or Failed condition (kubeflow/training-operator v1.9.0
+#: ``pkg/apis/kubeflow.org/v1/common_types.go`` JobConditionType; ``pkg/util/status.go``).
+PYTORCHJOB = JobKind(
+    "pytorchjob",
+    "PyTorchJob",
+    TRAINING_OPERATOR_GROUP,
+    "v1",
+    "pytorchjobs",
+    complete_condition="Succeeded",
+    container=PYTORCH,
+)
+KINDS = {"trainer": TRAINJOB, "job": BATCH_JOB, "pytorchjob": PYTORCHJOB}

@@ -1,5 +1,6 @@
 """Launching on a cluster: everything is checked before anything is created (the Trainer is
-installed and which version, the runtime exists), then the objects are created in order; a job
+installed and which version, the runtime exists; or the Training Operator serves PyTorchJobs),
+then the objects are created in order; a job
 that a retried step already created is adopted when its spec is the same, and refused, with
 what differs, when it is not."""
 
@@ -13,7 +14,13 @@ from kubernetes.client import ApiextensionsV1Api
 
 from kubetrain import rules
 from kubetrain.backends.kubernetes.client import Action, AlreadyExists, NotFound, PermissionDenied
-from kubetrain.backends.kubernetes.kinds import TRAINER_API_VERSION, TRAINER_GROUP, TRAINJOB_CRD
+from kubetrain.backends.kubernetes.kinds import (
+    PYTORCHJOB,
+    PYTORCHJOB_CRD,
+    TRAINER_API_VERSION,
+    TRAINER_GROUP,
+    TRAINJOB_CRD,
+)
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import (
@@ -53,6 +60,45 @@ class TrainerNotInstalled(KubetrainError):
             f"Kubeflow Trainer is not installed on this cluster: it has no {TRAINJOB_CRD} "
             f"CRD{reason}; {TRAINER_INSTALL}"
         )
+
+
+#: Where the Training Operator comes from, for the message saying it is missing (as its
+#: v1.9.0 README.md installs it, at that release's tag).
+TRAINING_OPERATOR_INSTALL = (
+    "install Kubeflow Training Operator 1.9 (`kubectl apply --server-side -k "
+    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"`) or '
+    "launch with --backend trainer (Kubeflow Trainer v2) or --backend job (no operator needed)"
+)
+
+
+class TrainingOperatorNotInstalled(KubetrainError):
+    """The cluster does not serve the Training Operator's PyTorchJob API (kubeflow.org/v1)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"Kubeflow Training Operator is not installed on this cluster: it has no "
+            f"{PYTORCHJOB_CRD} CRD; {TRAINING_OPERATOR_INSTALL}"
+        )
+
+
+def check_training_operator(objects: KubeObjects, namespace: str) -> None:
+    """The PyTorchJob API must be served: one list of at most one PyTorchJob (a right the
+    steps have; reading the CRD needs a ClusterRole)."""
+    action = Action("list", PYTORCHJOB.plural, PYTORCHJOB.group, namespace=namespace)
+    try:
+        objects.call(
+            action,
+            objects.custom.list_namespaced_custom_object,
+            PYTORCHJOB.group,
+            PYTORCHJOB.version,
+            namespace,
+            PYTORCHJOB.plural,
+            limit=1,
+        )
+    except NotFound as missing:
+        if missing.resource_missing:
+            raise TrainingOperatorNotInstalled() from None
+        raise
 
 
 def version_from_crd(crd: dict[str, Any], warn: Callable[[str], None]) -> str:

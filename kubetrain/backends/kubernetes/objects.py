@@ -1,5 +1,5 @@
-"""Create, read, patch and delete the objects a job is made of (TrainJob or Job, Service,
-ConfigMap) as plain dicts, whichever API serves them, each call retried and its errors
+"""Create, read, patch and delete the objects a job is made of (TrainJob, PyTorchJob or Job,
+Service, ConfigMap) as plain dicts, whichever API serves them, each call retried and its errors
 translated (``client``)."""
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ CORE_KINDS = {"ConfigMap": ("config_map", "configmaps"), "Service": ("service", 
 #: What a create asks of the API server about unknown or duplicate fields (kubectl's default).
 FIELD_VALIDATION = "Strict"
 #: Kinds read through CustomObjectsApi (any API group), by plural.
-CUSTOM_PLURALS = {"TrainJob": "trainjobs", "Job": "jobs", "Workflow": "workflows"}
+CUSTOM_PLURALS = {
+    "TrainJob": "trainjobs",
+    "PyTorchJob": "pytorchjobs",
+    "Job": "jobs",
+    "Workflow": "workflows",
+}
 
 
 def split_api_version(api_version: str) -> tuple[str, str]:

@@ -11,7 +11,14 @@ from kubernetes.client import V1ContainerStateTerminated, V1ContainerStatus, V1P
 
 from kubetrain.backends.base import NodeStatus
 from kubetrain.backends.kubernetes.client import Action
-from kubetrain.backends.kubernetes.kinds import COMPLETION_INDEX, JOB_INDEX_LABEL, NODE, JobKind
+from kubetrain.backends.kubernetes.kinds import (
+    COMPLETION_INDEX,
+    JOB_INDEX_LABEL,
+    NODE_CONTAINERS,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    JobKind,
+)
 from kubetrain.backends.kubernetes.objects import KubeObjects
 
 #: Waiting reasons of a container whose image cannot be pulled.
@@ -35,9 +42,18 @@ def list_job_pods(objects: KubeObjects, kind: JobKind, namespace: str, name: str
 
 def node_index(pod: V1Pod) -> int | None:
     """The node (torchrun node rank) a pod runs: its completion index, from the label or, on
-    clusters older than 1.28, the annotation; None for pods of another replicated job index."""
+    clusters older than 1.28, the annotation; None for pods of another replicated job index.
+    A PyTorchJob's master is node 0 and worker i node i + 1, as the operator ranks them
+    (kubeflow/training-operator v1.9.0 ``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``)."""
     metadata = pod.metadata
     labels = metadata.labels or {}
+    replica_type = labels.get(REPLICA_TYPE_LABEL)
+    if replica_type is not None:
+        try:
+            index = int(labels.get(REPLICA_INDEX_LABEL, ""))
+        except ValueError:
+            return None
+        return {"master": index, "worker": index + 1}.get(replica_type)
     if labels.get(JOB_INDEX_LABEL, "0") != "0":
         return None
     value = labels.get(COMPLETION_INDEX) or (metadata.annotations or {}).get(COMPLETION_INDEX)
@@ -47,14 +63,21 @@ def node_index(pod: V1Pod) -> int | None:
         return None
 
 
-def node_container(pod: V1Pod, name: str = NODE) -> V1ContainerStatus | None:
+def node_container(pod: V1Pod) -> V1ContainerStatus | None:
+    """The status of the container that runs the node (``node``, or a PyTorchJob's
+    ``pytorch``), else of the pod's first container."""
     statuses = (pod.status.container_statuses if pod.status else None) or []
-    return next((s for s in statuses if s.name == name), statuses[0] if statuses else None)
+    return next(
+        (s for s in statuses if s.name in NODE_CONTAINERS), statuses[0] if statuses else None
+    )
 
 
-def container_image(pod: V1Pod, name: str = NODE) -> str:
+def container_image(pod: V1Pod) -> str:
     containers = pod.spec.containers if pod.spec else []
-    spec = next((c for c in containers if c.name == name), containers[0] if containers else None)
+    spec = next(
+        (c for c in containers if c.name in NODE_CONTAINERS),
+        containers[0] if containers else None,
+    )
     return spec.image if spec is not None else ""
 
 

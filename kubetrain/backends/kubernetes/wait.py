@@ -36,7 +36,7 @@ from kubetrain.backends.base import (
 )
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
-from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, NODE, JobKind
+from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, JobKind
 from kubetrain.backends.kubernetes.launch import is_gang, read_runtime
 from kubetrain.backends.kubernetes.logs import LogFollower, split_lines
 from kubetrain.backends.kubernetes.objects import KubeObjects
@@ -190,6 +190,7 @@ class WaitSession:
                     self.namespace,
                     line_to,
                     retry=context.objects.retry,
+                    container=self.kind.container,
                     warn=context.warn,
                 )
 
@@ -607,7 +608,7 @@ class WaitSession:
                     self.context.objects.core.read_namespaced_pod_log,
                     name,
                     self.namespace,
-                    container=NODE,
+                    container=self.kind.container,
                     tail_lines=CAUSE_LOG_LINES,
                     _preload_content=False,
                 )

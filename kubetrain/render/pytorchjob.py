@@ -1,0 +1,219 @@
+"""Render a TrainJobSpec as a Training Operator v1 ``PyTorchJob`` (kubeflow.org/v1), for
+clusters still on Kubeflow Training Operator 1.8/1.9 instead of Trainer v2.
+
+Built with the ``kubeflow-training`` 1.9 SDK's generated models (``kubeflow.training.models``)
+and serialized by its ``ApiClient``, so a field the v1 API does not have fails here and not on
+the cluster; the pod template is the ``V1PodTemplateSpec`` those models re-export. One
+``Master`` replica and ``nodes - 1`` ``Worker`` replicas (no Worker spec for one node), all
+running the same pod: container ``pytorch`` (the operator reads exit codes and ports only from a
+container of that name, and its webhook refuses a replica without one), port
+``pytorchjob-port`` 23456 set explicitly (the operator's defaulting adds it otherwise;
+kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/pytorch_types.go``,
+``pytorch_defaults.go``; ``pkg/webhooks/pytorch/pytorchjob_webhook.go``).
+
+What the operator injects into every container (v1.9.0 ``pkg/controller.v1/pytorch/
+envvar.go`` ``setPodEnv``, ``master.go``; the same in v1.7.0 to v1.9.0), after the
+container's own env, so it wins over a variable of the same name:
+
+* ``PYTHONUNBUFFERED=1``;
+* with a Master spec (always ours): ``MASTER_PORT``/``PET_MASTER_PORT`` = the master's
+  ``pytorchjob-port`` (23456), ``MASTER_ADDR``/``PET_MASTER_ADDR`` = ``<job>-master-0``, the
+  master's headless Service (one per replica pod, named like it, ``pkg/controller.v1/common/
+  service.go``); ``WORLD_SIZE`` = replicas x ``nprocPerNode`` (1 when it is not a number);
+  ``RANK`` and ``PET_NODE_RANK`` = the node's rank: 0 for the master, worker index + 1;
+* ``PET_NPROC_PER_NODE`` = ``nprocPerNode`` (we always set it), ``PET_NNODES`` = replicas
+  (without ``elasticPolicy``; we never set one, so no ``PET_RDZV_*``);
+* workers get an ``init-pytorch`` init container waiting until ``<job>-master-0`` resolves
+  (``initcontainer.go``).
+
+Against Trainer v2 (torch plugin: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+PET_MASTER_ADDR ``<job>-node-0-0.<job>``, PET_MASTER_PORT 29500): the PET_* names torchrun reads
+are the same, so ``torchrun ...`` (our image's ``torchrun -m kubetrain.train``, or a user's
+``torchrun train.py``) takes nodes, processes, node rank and master from them unchanged; only
+the master's name and port differ. The extra RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are
+node-level, and torchrun replaces them with each worker process's own; a program started
+without torchrun and one process per node gets a correct ``env://`` rendezvous from them (our
+trainer's ``init_runtime`` joins it). A spec env setting one of those is refused here, since
+the operator would override it silently.
+
+``runPolicy`` (``pkg/controller.v1/common/job.go`` ``ReconcileJobs``, ``pkg/core/job.go``):
+
+* ``cleanPodPolicy: Running``: once the job has Succeeded or Failed, pods still running or
+  pending are deleted (with their Services), finished ones kept, so the failed node's log can be
+  read (``DeletePodsAndServices``);
+* ``max_restarts`` 0: ``restartPolicy: Never`` and no ``backoffLimit``: the first failed pod
+  fails the job ("PyTorchJob <job> is failed because 1 Worker replica(s) failed.",
+  ``pytorchjob_controller.go`` ``UpdateJobStatus``). A ``backoffLimit: 0`` would instead delete
+  every pod, the failed one and its log included, before the job is marked Failed
+  (``ReconcileJobs``: past the backoff limit, ``DeletePodsAndServices`` ignores cleanPodPolicy
+  while the job is not finished);
+* ``max_restarts`` k > 0: ``restartPolicy: OnFailure`` (the kubelet restarts a failed node's
+  container in place) and ``backoffLimit`` = k x nodes + 1: the operator sums the restart counts
+  of every running pod's containers and fails the job once the sum reaches the limit
+  (``PastBackoffLimit``), and one rank's failure restarts every node (their torchruns lose the
+  group and exit too), so k whole-job restarts add k x nodes;
+* ``activeDeadlineSeconds`` and ``suspend`` as the spec says (suspending deletes the pods,
+  resuming creates them again).
+
+``ttlSecondsAfterFinished`` and ``schedulingPolicy`` are not set: the spec has neither (a
+runtime, gang scheduling included, is a Trainer v2 notion and is not used here).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubeflow.training.api_client import ApiClient
+from kubeflow.training.models import (
+    KubeflowOrgV1PyTorchJob,
+    KubeflowOrgV1PyTorchJobSpec,
+    KubeflowOrgV1ReplicaSpec,
+    KubeflowOrgV1RunPolicy,
+    V1PodTemplateSpec,
+)
+
+from kubetrain import rules
+from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import TrainJobSpec
+from kubetrain.render import pod
+from kubetrain.render.metadata import (
+    object_labels,
+    object_metadata,
+    pod_labels,
+    spec_annotations,
+    validate_namespace,
+)
+from kubetrain.render.script import node_program, script_sha256
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+#: The container the operator reads exit codes and the master port from (pytorch_types.go).
+CONTAINER = "pytorch"
+PORT_NAME = "pytorchjob-port"
+#: The operator's default master port (pytorch_types.go PyTorchJobDefaultPort).
+MASTER_PORT = 23456
+MASTER, WORKER = "Master", "Worker"
+CLEAN_POD_POLICY = "Running"
+#: What the operator sets in every container after its own env (envvar.go, master.go).
+OPERATOR_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED")
+
+
+def render_pytorchjob(
+    spec: TrainJobSpec, *, namespace: str = "default", owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The PyTorchJob for ``spec`` as a plain dict (camelCase keys, no None values). A
+    shipped script's ConfigMap comes from ``render_script_configmap`` and must exist first."""
+    spec = spec.validate()
+    validate_namespace(namespace)
+    check_pytorchjob_spec(spec)
+    replicas = {MASTER: 1, WORKER: spec.num_nodes - 1}
+    restart_policy = "OnFailure" if spec.max_restarts else "Never"
+    template = _pod_template(spec)
+    job = KubeflowOrgV1PyTorchJob(
+        api_version=API_VERSION,
+        kind=KIND,
+        metadata=_model(
+            object_metadata(
+                spec.name,
+                namespace,
+                object_labels(spec),
+                owner,
+                spec_annotations(spec, script_sha256(spec)),
+            ),
+            "V1ObjectMeta",
+        ),
+        spec=KubeflowOrgV1PyTorchJobSpec(
+            nproc_per_node=str(spec.procs_per_node),
+            pytorch_replica_specs={
+                replica_type: KubeflowOrgV1ReplicaSpec(
+                    replicas=count, restart_policy=restart_policy, template=template
+                )
+                for replica_type, count in replicas.items()
+                if count
+            },
+            run_policy=KubeflowOrgV1RunPolicy(
+                clean_pod_policy=CLEAN_POD_POLICY,
+                backoff_limit=spec.max_restarts * spec.num_nodes + 1 if spec.max_restarts else None,
+                active_deadline_seconds=spec.active_deadline_seconds,
+                suspend=True if spec.suspend else None,
+            ),
+        ),
+    )
+    return ApiClient().sanitize_for_serialization(job)
+
+
+def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
+    """What a PyTorchJob cannot do for ``spec``, refused before anything is created: names the
+    operator could not give its pods and Services, the Trainer's initializers, and env the
+    operator would silently override."""
+    rules.pytorchjob_replica_names(spec.name, spec.num_nodes, "name")
+    for field_name, value in (
+        ("dataset_initializer", spec.dataset_initializer),
+        ("model_initializer", spec.model_initializer),
+    ):
+        if value is not None:
+            raise InvalidInput(
+                field_name,
+                "needs Kubeflow Trainer's initializers, which a PyTorchJob does not have",
+                "use --backend trainer, or fetch the data onto a --volume with `kubetrain prep`",
+            )
+    for key in spec.env:
+        if key in OPERATOR_ENV:
+            raise InvalidInput(
+                "env",
+                f"{key} is set by the Training Operator itself in a PyTorchJob",
+                "drop it: the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and "
+                "PYTHONUNBUFFERED from --nodes/--procs-per-node",
+            )
+
+
+def master_address(job_name: str) -> str:
+    """Rank 0's address as the operator gives it: the master's Service ``<job>-master-0``."""
+    return f"{job_name}-master-0"
+
+
+class _Body:
+    """A JSON body for ``ApiClient.deserialize``, which reads ``.data``."""
+
+    def __init__(self, value: Any) -> None:
+        self.data = json.dumps(value)
+
+
+def _model(value: dict[str, Any], model: str) -> Any:
+    """A plain Kubernetes dict (what the shared ``render.pod`` helpers build) as the model
+    ``model`` of ``kubeflow.training.models``, e.g. ``V1PodTemplateSpec``."""
+    return ApiClient().deserialize(_Body(value), model)
+
+
+def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
+    """Every replica's pod: our labels, the ``pytorch`` container, the pod-level settings."""
+    command, args = node_program(spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": command,
+        "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "securityContext": pod.container_security_context(),
+    }
+    optional_container = (
+        ("args", args),
+        ("env", pod.env_list(spec.env)),
+        ("envFrom", pod.storage_env_from(spec)),
+        ("resources", pod.resource_requirements(spec.resources_per_node)),
+        ("volumeMounts", pod.volume_mounts(spec)),
+    )
+    container.update({key: value for key, value in optional_container if value})
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod.pod_security_context(),
+        "containers": [container],
+    }
+    optional_pod = (
+        ("serviceAccountName", spec.service_account),
+        ("nodeSelector", dict(spec.node_selector)),
+        ("tolerations", pod.tolerations(spec)),
+        ("volumes", pod.volumes(spec)),
+    )
+    pod_spec.update({key: value for key, value in optional_pod if value})
+    body = {"metadata": {"labels": pod_labels(spec)}, "spec": pod_spec}
+    return _model(body, "V1PodTemplateSpec")

@@ -1,0 +1,338 @@
+"""The pytorchjob backend (issue 20): a Training Operator v1 PyTorchJob rendered from the job
+spec, validated against the operator's release-1.9 CRD (tests/support/crds, unknown fields
+rejected), and run end to end on the emulated cluster by the fake Training Operator
+(tests/support/fake_training_operator.py), which plays each pod as a real process with the env
+the operator injects (kubeflow/training-operator release-1.9 pkg/controller.v1/pytorch/
+envvar.go, master.go)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s_schemas import schema_errors
+from kubeflow.training.api_client import ApiClient
+from kubeflow.training.models import KubeflowOrgV1PyTorchJob
+
+from kubetrain.backends import BACKENDS, get_backend
+from kubetrain.backends.base import COMPLETE, FAILED
+from kubetrain.backends.kubernetes.kinds import PYTORCHJOB
+from kubetrain.backends.kubernetes.launch import TrainingOperatorNotInstalled
+from kubetrain.cli import main as kubetrain_main
+from kubetrain.errors import InvalidInput
+from kubetrain.jobspec import Initializer, Resources, Toleration, TrainJobSpec, Volume
+from kubetrain.render import render_job, render_pytorchjob
+from tests.support import objects
+from tests.support.fake_training_operator import (
+    FakeTrainingOperator,
+    pytorchjob_crd,
+    webhook_errors,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+OWNER = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-1", "uid": "u-1"}
+#: Prints what a node's process sees of the operator's env, then sleeps SLEEP_<rank> seconds
+#: and exits with EXIT_<rank> (default 0).
+SHOW_ENV = (
+    "import os, sys, time; e = os.environ; "
+    "print('rank', e['RANK'], 'world', e['WORLD_SIZE'], 'master', e['MASTER_ADDR'], "
+    "'node_rank', e['PET_NODE_RANK'], 'nnodes', e['PET_NNODES'], 'nproc', "
+    "e['PET_NPROC_PER_NODE']); time.sleep(float(e.get('SLEEP_' + e['RANK'], '0'))); "
+    "sys.exit(int(e.get('EXIT_' + e['RANK'], '0')))"
+)
+
+
+def crd_schema() -> dict[str, Any]:
+    (version,) = pytorchjob_crd()["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def spec(name: str = "demo", **fields: Any) -> TrainJobSpec:
+    fields.setdefault("command", ("torchrun", "-m", "kubetrain.train"))
+    return TrainJobSpec(name=name, **fields)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hello')\n")
+    return path
+
+
+RENDERED = {
+    "one-node": {},
+    "four-nodes": {"num_nodes": 4, "procs_per_node": 2},
+    "gpu": {"num_nodes": 2, "procs_per_node": 8,
+            "resources_per_node": Resources(cpu="16", memory="64Gi", gpu=8),
+            "node_selector": {"nvidia.com/gpu.product": "H100"}},
+    "tolerations": {"tolerations": (Toleration(key="nvidia.com/gpu", operator="Exists",
+                                               effect="NoSchedule"),)},
+    "volumes-and-account": {"volumes": (Volume("shared", "kubetrain-shared", "/mnt/shared"),),
+                            "service_account": "kubetrain", "storage_secret": "s3-creds",
+                            "labels": {"team": "vision"}, "pod_labels": {"a": "b"}},
+    "suspend-deadline-restarts": {"num_nodes": 3, "suspend": True,
+                                  "active_deadline_seconds": 600, "max_restarts": 2,
+                                  "env": {"NCCL_DEBUG": "INFO"}, "working_dir": "/mnt/work"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fields", RENDERED.values(), ids=RENDERED.keys())
+def test_every_rendered_pytorchjob_is_valid_against_the_release_1_9_crd(fields):
+    job = render_pytorchjob(spec(**fields), owner=OWNER)
+    assert schema_errors(job, crd_schema()) == []
+    assert webhook_errors(job) == []
+    # The SDK's models read it back unchanged (nothing lost, nothing unknown to them).
+    model = ApiClient().deserialize(_Body(job), "KubeflowOrgV1PyTorchJob")
+    assert isinstance(model, KubeflowOrgV1PyTorchJob)
+    assert ApiClient().sanitize_for_serialization(model) == job
+
+
+def test_a_shipped_script_is_mounted_and_valid(script):
+    configmap, job = render_job(
+        spec(command=("torchrun",), args=("train.py",), script=str(script)),
+        "pytorchjob",
+        "default",
+        "",
+    )
+    assert configmap["kind"] == "ConfigMap" and job["kind"] == "PyTorchJob"
+    assert schema_errors(job, crd_schema()) == []
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["/workspace/train.py"]
+
+
+class _Body:
+    def __init__(self, value: Any) -> None:
+        import json
+
+        self.data = json.dumps(value)
+
+
+def test_master_and_workers_run_container_pytorch_with_the_operators_port():
+    job = render_pytorchjob(spec(num_nodes=4, procs_per_node=2))
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in replicas.items()} == {"Master": 1, "Worker": 3}
+    assert job["spec"]["nprocPerNode"] == "2"
+    (container,) = replicas["Worker"]["template"]["spec"]["containers"]
+    assert container["name"] == "pytorch"
+    assert container["ports"] == [
+        {"containerPort": 23456, "name": "pytorchjob-port", "protocol": "TCP"}
+    ]
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}
+    assert {r["restartPolicy"] for r in replicas.values()} == {"Never"}
+    one = render_pytorchjob(spec())["spec"]["pytorchReplicaSpecs"]
+    assert list(one) == ["Master"], "no Worker spec for one node"
+
+
+def test_restarts_become_on_failure_and_a_backoff_limit_for_every_node():
+    job = render_pytorchjob(spec(num_nodes=3, max_restarts=2, suspend=True))
+    assert job["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 7,
+        "suspend": True,
+    }
+    replicas = job["spec"]["pytorchReplicaSpecs"].values()
+    assert {r["restartPolicy"] for r in replicas} == {"OnFailure"}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"name": "a" * 54, "num_nodes": 12},
+         r"name: .* pod and Service a{54}-worker-10 \(64 .*use a name of at most 53"),
+        ({"name": "a" * 55, "num_nodes": 2}, r"name: .*more than 63.*at most 54 characters"),
+        ({"env": {"MASTER_ADDR": "x"}}, r"env: MASTER_ADDR is set by the Training Operator"),
+        ({"dataset_initializer": Initializer("hf://org/set")},
+         r"dataset_initializer: needs Kubeflow Trainer's initializers"),
+    ],
+)  # fmt: skip
+def test_what_a_pytorchjob_cannot_do_is_refused_in_one_line(fields, match):
+    fields = dict(fields)
+    name = fields.pop("name", "demo")
+    with pytest.raises(InvalidInput, match=match) as refused:
+        render_pytorchjob(spec(name, **fields))
+    assert "\n" not in str(refused.value)
+
+
+def test_render_pytorchjob_on_the_cli_prints_the_job(capsys):
+    assert kubetrain_main(["render", "pytorchjob", "--name", "cli-job", "--nodes", "2"]) == 0
+    (job,) = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert job["kind"] == "PyTorchJob" and job["metadata"]["name"] == "cli-job"
+    assert schema_errors(job, crd_schema()) == []
+
+
+@pytest.mark.bad_input
+def test_render_pytorchjob_refuses_another_backend(capsys):
+    assert kubetrain_main(["render", "pytorchjob", "--backend", "job"]) == 2
+    assert "--backend: 'job' is not a PyTorchJob" in capsys.readouterr().err
+
+
+def test_the_backend_is_offered_everywhere_backends_are_listed():
+    assert "pytorchjob" in BACKENDS
+    assert get_backend("pytorchjob").kind is PYTORCHJOB
+
+
+# ----------------------------------------------------------------- on the emulated cluster
+@pytest.fixture
+def operator_cluster(k8s, tmp_path, monkeypatch) -> Iterator[Any]:
+    """The emulated cluster with the fake Training Operator, reached through KUBECONFIG."""
+    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with FakeTrainingOperator(k8s.emulator, tmp_path / "nodes") as operator:
+        k8s.operator = operator
+        yield k8s
+    assert operator.errors == []
+
+
+def show_env(name: str, nodes: int = 3, **env: str) -> TrainJobSpec:
+    return TrainJobSpec(
+        name=name,
+        command=("python", "-c", SHOW_ENV),
+        num_nodes=nodes,
+        procs_per_node=2,
+        env=env,
+    )
+
+
+def test_ranks_see_the_operators_env_and_the_job_succeeds(operator_cluster):
+    emulator, backend = operator_cluster.emulator, operator_cluster.backend("pytorchjob")
+    # The master ends last: a finished master's job deletes the pods still running.
+    assert backend.launch(show_env("envs", SLEEP_0="1")) == "envs"
+    lines: list[str] = []
+    status = backend.wait("envs", 60, lines.append)
+    assert status.state == COMPLETE and status.reason == "PyTorchJobSucceeded"
+    assert lines == ["rank 0 world 6 master 127.0.0.1 node_rank 0 nnodes 3 nproc 2"]
+    assert [n.rank for n in status.nodes] == [0, 1, 2]
+    # The pods carry the operator's own values (the processes get the master made local).
+    worker = emulator.get("pods", "envs-worker-1")
+    env = {e["name"]: e["value"] for e in worker["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "envs-master-0"
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "23456"
+    assert (env["RANK"], env["PET_NODE_RANK"], env["WORLD_SIZE"]) == ("2", "2", "6")
+    assert worker["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "worker"
+    assert emulator.names("services") >= {"envs-master-0", "envs-worker-0", "envs-worker-1"}
+    logs = list(backend.logs("envs", node=2))
+    assert logs == ["rank 2 world 6 master 127.0.0.1 node_rank 2 nnodes 3 nproc 2"]
+
+
+@pytest.mark.fault
+def test_a_failed_worker_fails_wait_with_its_reason_and_exit_code(operator_cluster, injected):
+    emulator, backend = operator_cluster.emulator, operator_cluster.backend("pytorchjob")
+    backend.launch(show_env("fails", nodes=2, EXIT_1="3", SLEEP_0="30"))
+    status = backend.wait("fails", 60, None)
+    injected.struck("worker 0 (rank 1) exited 3")
+    assert status.state == FAILED and status.reason == "PyTorchJobFailed"
+    assert status.message == "PyTorchJob fails is failed because 1 Worker replica(s) failed."
+    assert status.failed_rank == 1 and status.failed_node.exit_code == 3
+    # cleanPodPolicy Running keeps the failed pod, and its log, and stops the running master.
+    deadline = time.monotonic() + 15
+    while emulator.names("pods") != {"fails-worker-0"}:
+        assert time.monotonic() < deadline, emulator.names("pods")
+        time.sleep(0.05)
+
+
+@pytest.mark.fault
+def test_sigterm_to_wait_deletes_the_pytorchjob(operator_cluster, injected):
+    emulator = operator_cluster.emulator
+    sleeper = TrainJobSpec(name="sleeper", command=("sleep", "60"), num_nodes=2)
+    operator_cluster.backend("pytorchjob").launch(sleeper)
+    started = time.monotonic()
+    wait = subprocess.Popen(
+        [sys.executable, "-m", "kubetrain", "wait", "--backend", "pytorchjob", "sleeper"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while emulator.count("watch", "pytorchjobs", since=started) == 0:
+            assert time.monotonic() - started < 30, "wait never watched the job"
+            time.sleep(0.05)
+        wait.send_signal(signal.SIGTERM)
+        _, stderr = wait.communicate(timeout=20)
+    finally:
+        wait.kill()
+    assert wait.returncode == 143, stderr
+    injected.struck("wait received SIGTERM")
+    assert "cancelled by SIGTERM" in stderr and "deleted PyTorchJob sleeper" in stderr
+    assert emulator.get("pytorchjobs", "sleeper") is None
+
+
+def test_on_cancel_suspend_sets_run_policy_suspend(operator_cluster):
+    emulator = operator_cluster.emulator
+    backend = operator_cluster.backend("pytorchjob", on_cancel="suspend")
+    backend.launch(TrainJobSpec(name="held", command=("sleep", "60"), num_nodes=2))
+    assert "suspended PyTorchJob held" in backend.release("held")
+    job = emulator.get("pytorchjobs", "held")
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    assert backend.status("held").reason == "Suspended"
+
+
+def test_a_retried_launch_adopts_the_job_and_refuses_a_different_spec(operator_cluster):
+    emulator, backend = operator_cluster.emulator, operator_cluster.backend("pytorchjob")
+    held = TrainJobSpec(name="again", command=("sleep", "60"), num_nodes=2, suspend=True)
+    assert backend.launch(held) == "again"
+    assert backend.launch(held) == "again"
+    assert emulator.count("create", "pytorchjobs") == 1
+    with pytest.raises(InvalidInput, match=r"different spec \(num_nodes: 2 -> 3\)"):
+        backend.launch(TrainJobSpec(name="again", command=("sleep", "60"), num_nodes=3,
+                                    suspend=True))  # fmt: skip
+
+
+def test_the_pipeline_runs_workflow_owns_the_pytorchjob(operator_cluster, monkeypatch):
+    monkeypatch.setenv("KUBETRAIN_OWNER_NAME", "run-7")
+    monkeypatch.setenv("KUBETRAIN_OWNER_UID", "uid-7")
+    backend = operator_cluster.backend("pytorchjob")
+    backend.launch(TrainJobSpec(name="owned", command=("true",), suspend=True))
+    (owner,) = operator_cluster.emulator.get("pytorchjobs", "owned")["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Workflow", "run-7", "uid-7")
+
+
+@pytest.mark.bad_input
+def test_no_operator_says_it_is_not_installed(k8s):
+    with pytest.raises(TrainingOperatorNotInstalled, match="pytorchjobs.kubeflow.org CRD"):
+        k8s.backend("pytorchjob").launch(TrainJobSpec(name="x", command=("true",)))
+    assert k8s.emulator.count("create") == 0
+
+
+def test_early_failure_from_a_pod_that_cannot_pull_its_image(operator_cluster):
+    emulator = operator_cluster.emulator
+    backend = operator_cluster.backend("pytorchjob", image_pull_grace=0.0)
+    job = TrainJobSpec(name="pull", command=("sleep", "60"), suspend=True)
+    backend.launch(job)
+    from tests.support.fake_training_operator import defaulted, operator_pod
+
+    pod = operator_pod(defaulted(emulator.get("pytorchjobs", "pull")), "Master", 0)
+    emulator.create_pod(pod)
+    waiting = objects.container_status("img", objects.waiting("ErrImagePull"), name="pytorch")
+    emulator.set_pod_status("pull-master-0", objects.pod_status("Pending", [waiting]))
+    status = backend.wait("pull", 30, None)
+    assert status.state == FAILED and status.reason == "ErrImagePull"
+    assert status.failed_rank == 0 and emulator.get("pytorchjobs", "pull") is None
+
+
+def test_cli_launch_wait_logs_list_delete(operator_cluster, capsys):
+    emulator = operator_cluster.emulator
+    code = "import os, time; r = os.environ['RANK']; print('hi from', r); time.sleep(r == '0')"
+    program = ["--", "python", "-c", code]
+    launch = ["launch", "--backend", "pytorchjob", "--name", "cli", "--nodes", "2"]
+    assert kubetrain_main([*launch, *program]) == 0
+    assert kubetrain_main(["wait", "--backend", "pytorchjob", "cli"]) == 0
+    out = capsys.readouterr().out
+    assert "hi from 0" in out and "job cli Complete" in out
+    assert kubetrain_main(["logs", "--backend", "pytorchjob", "cli"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["[node-0] hi from 0", "[node-1] hi from 1"]
+    assert kubetrain_main(["list", "--backend", "pytorchjob"]) == 0
+    assert "cli" in capsys.readouterr().out
+    assert kubetrain_main(["delete", "--backend", "pytorchjob", "cli"]) == 0
+    assert emulator.get("pytorchjobs", "cli") is None
+    assert emulator.names("pods") == emulator.names("services") == set()

@@ -340,7 +340,8 @@ def _duration(seconds: float) -> str:
 
 
 def _date(text: Any) -> str | None:
-    """An ISO-8601 time from the card, shown in UTC to the minute; None if it is none."""
+    """An ISO-8601 time from the card, shown in UTC to the minute; None if it is none (or
+    absent: ``None``)."""
     try:
         moment = datetime.fromisoformat(str(text))
     except ValueError:
@@ -355,8 +356,7 @@ def run_rows(card: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
     (``run.updated_at``, the last checkpoint's save, else now: the evaluation's) and duration."""
     run = card.get("run") if isinstance(card.get("run"), Mapping) else {}
     job = run.get("job") if isinstance(run.get("job"), str) and run.get("job") else None
-    trained = _date(run.get("updated_at")) if "updated_at" in run else None
-    started = _date(run.get("started_at")) if "started_at" in run else None
+    trained, started = _date(run.get("updated_at")), _date(run.get("started_at"))
     seconds = _number(run.get("seconds"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [

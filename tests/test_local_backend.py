@@ -209,13 +209,44 @@ def test_delete_leaves_no_process_behind(local_root, tmp_path, monkeypatch):
     assert not (local_root / "sleepy").exists()
 
 
-def test_wait_times_out_with_exit_124(local_root, tmp_path):
+def test_wait_times_out_with_exit_124_and_leaves_no_process_behind(local_root, tmp_path):
+    """Issue 18 (3): past --timeout nobody waits for the job any more, so its whole process
+    tree (supervisor, torchrun per node, their workers in sessions of their own) is stopped,
+    and the one line says where the logs stay, not to read logs a deleted job no longer has."""
+    write_script(
+        tmp_path, "sleepy.py", "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
+    )
     backend = LocalBackend()
-    backend.launch(TrainJobSpec(name="slow", command=("sleep", "30")))
+    launched = kubetrain(
+        "launch", "--name", "slow", "--nodes", "2", "--procs-per-node", "2", "--",
+        "torchrun", "sleepy.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    job_id = json.loads((local_root / "slow" / "job.json").read_text())["id"]
+    deadline = time.monotonic() + 60
+    while len(job_processes(job_id)) < 5 and time.monotonic() < deadline:  # 1 + 2 + 2 at least
+        time.sleep(0.1)
+    running = job_processes(job_id)
+    assert len(running) >= 5
     waited = kubetrain("wait", "slow", "--timeout", "0.5")
     assert waited.returncode == 124
-    assert "timed out after 0.5s" in waited.stderr
+    (line,) = waited.stderr.splitlines()
+    assert line.startswith("kubetrain wait: error: timed out after 0.5s waiting for job slow")
+    assert line.endswith(
+        f"stopped its processes (its logs stay in {local_root / 'slow'}); raise --timeout"
+    )
+    assert [proc.pid for proc in running if process_alive(proc.pid)] == []
+    assert job_processes(job_id) == []
+    assert (local_root / "slow" / "node-0.log").is_file()
+    assert backend.status("slow").state == FAILED
     backend.delete("slow")
+
+
+def job_processes(job_id: str) -> list:
+    """The processes that carry the local job's identity (psutil)."""
+    from kubetrain.backends.local.processes import JOB_ID_ENV, marked_processes
+
+    return marked_processes(JOB_ID_ENV, job_id)
 
 
 @pytest.mark.fault

@@ -123,6 +123,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(a hung rank); default 1800, 0 = never",
     )
     parser.add_argument(
+        "--keep-job",
+        action="store_true",
+        help="keep the training job's folder (its checkpoints and node logs, under "
+        "$KUBETRAIN_LOCAL_ROOT or ~/.kubetrain/local) after a passing or failing run; "
+        "default: removed once the model is collected (a failed run's is kept)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="print KFP's local-runner logging and every step's whole output (executor inputs, "
@@ -236,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with (
         stopped_whole_on_interrupt(pipeline_root),
+        job_folder_kept(),
         run_resource_name_resolved() as run_names,
         kfp_output_shaped(view),
     ):
@@ -262,11 +270,16 @@ def run(args: argparse.Namespace) -> int:
                 script=str(Path(args.script).absolute()) if args.script else "",
             )
         except RuntimeError as exc:
-            see_more = how_to_see_more([pipeline_root / name for name in run_names])
+            run_folders = [pipeline_root / name for name in run_names]
+            if kept := kept_job(run_folders):
+                print(f"the job's node logs and checkpoints stay in {kept[1]}; "
+                      f"`kubetrain delete {kept[0]}` removes them")  # fmt: skip
+            see_more = how_to_see_more(run_folders)
             raise KubetrainError(view.failure(see_more, f"pipeline failed: {exc}")) from exc
     elapsed = time.monotonic() - started
     (run_name,) = run_names
     steps = pipeline_root / run_name
+    print(job_folder_outcome(step_parameters(steps, "launch-trainjob")["job_name"], args.keep_job))
     evaluation = step_parameters(steps, "evaluate-model")
     accuracy, passed = evaluation["accuracy"], evaluation["passed"]
     verdict = "passed" if passed else "below threshold"
@@ -305,8 +318,15 @@ def step_parameters(steps: Path, step: str) -> dict[str, Any]:
 
 
 def how_to_see_more(run_folders: list[Path]) -> str:
-    """The command that shows more of a failed run: the job's logs while the job is there (the
-    exit handler deletes a failed run's job), else the run again with every step's output."""
+    """The command that shows more of a failed run: the job's logs, in the folder the exit
+    handler kept (``job_folder_kept``), else, without a job, the run again with every step's
+    output."""
+    kept = kept_job(run_folders)
+    return f"kubetrain logs {kept[0]}" if kept else "kubetrain run --verbose (the same options)"
+
+
+def kept_job(run_folders: list[Path]) -> tuple[str, Path] | None:
+    """The failed run's job and its folder, if it launched one that is still there."""
     from kubetrain.backends.local.backend import LocalBackend
 
     for steps in run_folders:  # none when the run failed before its first step
@@ -314,9 +334,35 @@ def how_to_see_more(run_folders: list[Path]) -> str:
             continue
         job = step_parameters(steps, "launch-trainjob")["job_name"]
         with contextlib.suppress(JobNotFound):
-            LocalBackend().existing_job_dir(job)
-            return f"kubetrain logs {job}"
-    return "kubetrain run --verbose (the same options)"
+            return job, LocalBackend().existing_job_dir(job)
+    return None
+
+
+@contextlib.contextmanager
+def job_folder_kept() -> Iterator[None]:
+    """While the steps run, deleting the job keeps its folder (``KEEP_FILES_ENV``, which the
+    steps inherit): a failed run's exit handler deletes the job, whose node logs the run then
+    points to."""
+    from kubetrain.backends.local.files import KEEP_FILES_ENV
+
+    os.environ[KEEP_FILES_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(KEEP_FILES_ENV, None)
+
+
+def job_folder_outcome(job: str, keep: bool) -> str:
+    """Remove the job folder (its checkpoints, node logs) of a run whose steps all succeeded,
+    unless ``keep``: collect has published the model, which is what the later steps and the
+    user read. Says what became of it."""
+    from kubetrain.backends.local.backend import LocalBackend
+
+    backend = LocalBackend()
+    if keep:
+        return f"kept the job's folder {backend.job_dir(job)}: `kubetrain delete {job}` removes it"
+    backend.delete(job)
+    return f"removed the job's folder {backend.job_dir(job)} (--keep-job keeps it)"
 
 
 @contextlib.contextmanager

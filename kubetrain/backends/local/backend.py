@@ -25,7 +25,13 @@ import psutil
 
 from kubetrain.backends.base import CREATED, FAILED, RUNNING, JobStatus
 from kubetrain.backends.cancel import signals_cancel
-from kubetrain.backends.local.files import local_root, node_log, read_status, write_status
+from kubetrain.backends.local.files import (
+    KEEP_FILES_ENV,
+    local_root,
+    node_log,
+    read_status,
+    write_status,
+)
 from kubetrain.backends.local.log_tail import LogTail
 from kubetrain.backends.local.processes import (
     JOB_ID_ENV,
@@ -155,7 +161,9 @@ class LocalBackend:
     ) -> JobStatus:
         """Follow the job to its end. SIGTERM or SIGINT stops its processes (exit 128+N);
         with ``stall_timeout``, a running job whose nodes write nothing to their logs for that
-        long (a stopped or hung rank) is stopped and ``JobStalled`` raised."""
+        long (a stopped or hung rank) is stopped and ``JobStalled`` raised. Past ``timeout``
+        the job is stopped too: nobody waits for its processes any more, and left running they
+        would outlive the step (and `kubetrain run`) that started them."""
         job_dir = self.existing_job_dir(name)
         rank0_log = LogTail(node_log(job_dir, 0))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -184,19 +192,15 @@ class LocalBackend:
                         f"{job_dir}); raise --stall-timeout if the job may rightly be silent "
                         "that long"
                     )
-                self._check_deadline(name, status, timeout, deadline)
+                if deadline is not None and time.monotonic() > deadline:
+                    self.stop(name, CANCEL_GRACE_SECONDS)
+                    raise KubetrainError(
+                        f"timed out after {timeout:g}s waiting for job {name} (state "
+                        f"{status.state}); stopped its processes (its logs stay in {job_dir}); "
+                        "raise --timeout",
+                        exit_code=124,
+                    )
                 time.sleep(POLL_SECONDS)
-
-    @staticmethod
-    def _check_deadline(
-        name: str, status: JobStatus, timeout: float | None, deadline: float | None
-    ) -> None:
-        if deadline is not None and time.monotonic() > deadline:
-            raise KubetrainError(
-                f"timed out after {timeout:g}s waiting for job {name} (state {status.state}); "
-                "raise --timeout or check `kubetrain logs`",
-                exit_code=124,
-            )
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
         job_dir = self.existing_job_dir(name)
@@ -214,11 +218,15 @@ class LocalBackend:
             time.sleep(POLL_SECONDS)
 
     def delete(self, name: str) -> None:
+        """Stop every process of the job and remove its folder; with ``KEEP_FILES_ENV`` set
+        (`kubetrain run`'s steps), the folder stays for the logs of the failed run whose exit
+        handler deletes the job."""
         job_dir = self.job_dir(name)
         if not (job_dir / "job.json").is_file():
             self.existing_job_dir(name)  # no job: JobNotFound, and nothing is removed
         self.stop(name, DELETE_GRACE_SECONDS)
-        shutil.rmtree(job_dir)
+        if not os.environ.get(KEEP_FILES_ENV):
+            shutil.rmtree(job_dir)
 
     def stop(self, name: str, grace_seconds: float) -> None:
         """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes and

@@ -20,6 +20,10 @@ from kubetrain.backends.base import JobStatus
 from kubetrain.storage import atomic
 
 ROOT_ENV = "KUBETRAIN_LOCAL_ROOT"
+#: Set (to anything but empty) while `kubetrain run` runs its steps: deleting a job then stops
+#: its processes and keeps its folder, so a failed run's exit handler leaves the node logs the
+#: run points to; the run removes the folder itself once the model is collected.
+KEEP_FILES_ENV = "KUBETRAIN_LOCAL_KEEP_FILES"
 
 
 def local_root() -> Path:

@@ -2,16 +2,17 @@
 privilege, checked both ways against the requests the CLI really sends (issue 14, item 9;
 issue 17, item 12).
 
-The trainer and job backends run through `kubetrain launch|wait|logs|delete` against the
-emulated API server, with the fake Trainer running the jobs, plus the paths a run takes less
-often (a runtime that does not exist, a node that cannot start, ``--on-cancel suspend`` on both
-backends, a launch from a KFP step and from an Argo step with only the env those systems give
-it, which looks up the run that owns the job). Every HTTP request is turned into its RBAC verb
-and resource from its method and URL alone (as the API server's request-info resolver does,
-not from the emulator's own log), and each must be granted by a rule bound to the
-``kubetrain`` ServiceAccount; and every verb the RBAC grants must be one of those requests, or
-be listed here with the reason it is needed anyway. (`tests/test_permissions.py` keeps
-`kubetrain doctor`'s list equal to the RBAC; neither of them says what the steps really use.)
+The trainer, job and pytorchjob backends run through `kubetrain launch|wait|logs|delete`
+against the emulated API server, with the fake Trainer (or Training Operator) running the jobs,
+plus the paths a run takes less often (a runtime that does not exist, a node that cannot start,
+``--on-cancel suspend`` on every backend, a launch from a KFP step and from an Argo step with
+only the env those systems give it, which looks up the run that owns the job). Every HTTP
+request is turned into its RBAC verb and resource from its method and URL alone (as the API
+server's request-info resolver does, not from the emulator's own log), and each must be
+granted by a rule bound to the ``kubetrain`` ServiceAccount; and every verb the RBAC grants
+must be one of those requests, or be listed here with the reason it is needed anyway.
+(`tests/test_permissions.py` keeps `kubetrain doctor`'s list equal to the RBAC; neither of
+them says what the steps really use.)
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from kubetrain.cli import main as kubetrain_main
 from kubetrain.render.manifests import rbac_manifests
 from tests.support import KubeEmulator, objects
 from tests.support.fake_trainer import FakeTrainer
+from tests.support.fake_training_operator import FakeTrainingOperator, defaulted, operator_pod
 from tests.support.kube_api import ClusterAPI
 
 NAMESPACE = "default"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "kubetrain", "namespace": NAMESPACE}
-BACKENDS = ("trainer", "job")
-JOB_PLURALS = {"trainer": "trainjobs", "job": "jobs"}
+BACKENDS = ("trainer", "job", "pytorchjob")
+JOB_PLURALS = {"trainer": "trainjobs", "job": "jobs", "pytorchjob": "pytorchjobs"}
 #: The API server's strconv.ParseBool, which decides whether a GET is a watch.
 TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
@@ -170,9 +172,13 @@ class Run:
     def node_pod(self, job: str, waiting: str) -> None:
         """Node 0 of ``job``, stuck in state ``waiting``, with an event saying why."""
         owner = self.emulator.get(JOB_PLURALS[self.backend], job)
-        pod = objects.node_pod(job, 0, kind=self.backend, image="img:1", owner=owner)
+        if self.backend == "pytorchjob":
+            pod, container = operator_pod(defaulted(owner), "Master", 0), "pytorch"
+        else:
+            pod = objects.node_pod(job, 0, kind=self.backend, image="img:1", owner=owner)
+            container = objects.NODE_CONTAINER
         name = self.emulator.create_pod(pod)["metadata"]["name"]
-        status = objects.container_status("img:1", objects.waiting(waiting))
+        status = objects.container_status("img:1", objects.waiting(waiting), name=container)
         self.emulator.set_pod_status(name, objects.pod_status("Pending", [status]))
         self.emulator.add_event(self.emulator.get("pods", name), "Failed", "bad image name")
 
@@ -188,11 +194,12 @@ SHOW_SCRIPT = "import sys; print('node would run', sys.argv[1])"
 
 def the_full_flow(run: Run) -> None:
     """launch (with a shipped script) -> wait -> logs -> delete, the job run by the fake
-    Trainer or Job controller with real processes."""
+    Trainer, Job controller or Training Operator with real processes."""
     backend, job = run.backend, f"flow-{run.backend}"
     script = run.tmp / "train.py"
     script.write_text("print('shipped')\n")
-    with FakeTrainer(run.emulator, run.tmp / "nodes") as trainer:
+    fake = FakeTrainingOperator if backend == "pytorchjob" else FakeTrainer
+    with fake(run.emulator, run.tmp / "nodes") as trainer:
         run.cli("launch", "--backend", backend, "--name", job, "--nodes", "2", "--script",
                 str(script), "--", "python", "-c", SHOW_SCRIPT, "train.py")  # fmt: skip
         run.cli("wait", "--backend", backend, job)
@@ -218,7 +225,8 @@ def suspend_on_cancel(run: Run) -> None:
     run.launch(job)
     run.node_pod(job, "InvalidImageName")
     run.cli("wait", "--backend", run.backend, "--on-cancel", "suspend", job, code=1)
-    assert run.emulator.get(JOB_PLURALS[run.backend], job)["spec"]["suspend"] is True
+    spec = run.emulator.get(JOB_PLURALS[run.backend], job)["spec"]
+    assert (spec.get("runPolicy") or spec)["suspend"] is True
     run.cli("delete", "--backend", run.backend, job)
 
 
@@ -295,7 +303,7 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
     "from-a-kfp-step": from_a_kfp_step,
     "from-an-argo-step": from_an_argo_step,
 }
-#: Runtimes are the Trainer's; the owner is found by the same code for both backends.
+#: Runtimes are the Trainer's; the owner is found by the same code for every backend.
 TRAINER_ONLY = {"missing-runtimes", "namespaced-runtime", "from-a-kfp-step",
                 "from-an-argo-step"}  # fmt: skip
 CASES = [(b, s) for b in BACKENDS for s in SCENARIOS if b == "trainer" or s not in TRAINER_ONLY]
@@ -331,6 +339,8 @@ def uses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
             tmp = tmp_path_factory.mktemp(f"{backend}-{scenario}")
             with KubeEmulator(namespace=NAMESPACE) as emulator:
                 emulator.install_trainer()
+                if backend == "pytorchjob":
+                    emulator.install_training_operator()
                 patch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp / "kubeconfig")))
                 del seen[:]
                 SCENARIOS[scenario](Run(emulator, backend, tmp))

@@ -132,6 +132,11 @@ EXPECTED_ROLE_RULES = [
         "verbs": ["create", "get", "list", "watch", "patch", "delete"],
     },
     {
+        "apiGroups": ["kubeflow.org"],
+        "resources": ["pytorchjobs"],
+        "verbs": ["create", "get", "list", "watch", "patch", "delete"],
+    },
+    {
         "apiGroups": ["trainer.kubeflow.org"],
         "resources": ["trainingruntimes"],
         "verbs": ["get", "list"],

@@ -323,6 +323,11 @@ def test_gradient_accumulation_equals_one_large_batch() -> None:
     uneven, opt_u = _sgd_copy()
     stats_u = train_epoch(uneven, opt_u, small[:7], num_batches=7, grad_accum_steps=4, **common)
     assert stats_u.steps == 2  # 4 + 3 micro-batches: the short tail still steps
+    # the manifest's per-step history: each step's mean loss over its own micro-batches
+    assert [step.samples for step in stats_u.per_step] == [32, 24]
+    for a, d in zip(stats_a.per_step, stats_d.per_step, strict=True):
+        assert a.loss == pytest.approx(d.loss, rel=1e-5) and a.samples == d.samples == 32
+    assert stats_d.loss == pytest.approx(sum(step.loss for step in stats_d.per_step) / 2)
 
 
 @pytest.mark.parametrize("total", [1, 7, 360])

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from kubetrain import __version__
-from kubetrain.artifacts.datasets import write_dataset
+from kubetrain.artifacts.datasets import VALIDATION, write_dataset
 from kubetrain.errors import InvalidInput
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.storage.urls import file_url_path
@@ -137,7 +137,7 @@ def prepare_dataset(
         x, y = train
         splits = {
             "train": (x[fit_idx], y[fit_idx]),
-            "validation": (x[validation_idx], y[validation_idx]),
+            VALIDATION: (x[validation_idx], y[validation_idx]),
             "test": test,
         }
         del x, train

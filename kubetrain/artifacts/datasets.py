@@ -4,7 +4,9 @@ Layout (format ``kubetrain.dataset/v1``)::
 
     DIR/manifest.json        counts, classes, sample shape, normalisation, sha256 of each file
     DIR/train.safetensors    x: float32 [N, *sample_shape] (already normalised), y: int64 [N]
-    DIR/test.safetensors     same, the held-out split
+    DIR/validation.safetensors  same, carved from train: what the trainer scores each epoch
+                             on (optional: absent from datasets prepared before it existed)
+    DIR/test.safetensors     same, the held-out split, read once, by evaluate
 
 The folder is published atomically: it either does not exist or is complete. DIR may be a
 local path or an fsspec URL (``s3://bucket/prefix``); see :mod:`kubetrain.storage`.
@@ -38,7 +40,9 @@ from kubetrain.errors import IntegrityError, refusal_reason
 from kubetrain.storage.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
+#: The splits every dataset has; ``VALIDATION`` is optional.
 SPLITS = ("train", "test")
+VALIDATION = "validation"
 
 
 def write_dataset(

@@ -63,7 +63,7 @@ def load_data(dataset: str, data_dir: str | None) -> TrainData:
     if dataset == "prepared":
         assert data_dir is not None, "options validation requires --data for prepared"
         manifest = datasets.read_manifest(data_dir)
-        eval_split = "validation" if "validation" in manifest["splits"] else "test"
+        eval_split = datasets.VALIDATION if datasets.VALIDATION in manifest["splits"] else "test"
         train_x, train_y = datasets.load_split(data_dir, "train")
         eval_x, eval_y = datasets.load_split(data_dir, eval_split)
         num_classes = int(manifest["num_classes"])

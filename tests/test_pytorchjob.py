@@ -336,3 +336,28 @@ def test_cli_launch_wait_logs_list_delete(operator_cluster, capsys):
     assert kubetrain_main(["delete", "--backend", "pytorchjob", "cli"]) == 0
     assert emulator.get("pytorchjobs", "cli") is None
     assert emulator.names("pods") == emulator.names("services") == set()
+
+
+def test_pytorchjob_backend_trains_digits_through_torchrun(operator_cluster, digits_dir, tmp_path):
+    """The steps' own road (launch, wait, collect, evaluate) with our image's command,
+    `torchrun -m kubetrain.train`, which takes its topology from the PET_* the operator
+    injects: 2 nodes x 1 process rendezvous on the master and train to >= 0.95 (the default 10
+    epochs, as the trainer backend's end to end: fewer end at 0.95 or under)."""
+    from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
+    from kubetrain.components.evaluate_model.evaluate import evaluate_model
+    from kubetrain.components.launch_trainjob.launch import LaunchRequest, TrainingOptions, launch
+    from kubetrain.components.wait_trainjob.wait import wait_for_job
+
+    checkpoints = tmp_path / "checkpoints"
+    training = TrainingOptions(data_dir=str(digits_dir), checkpoint_dir=str(checkpoints))
+    request = LaunchRequest(training, name="digits-pt", nodes=2)
+    assert launch(request, backend="pytorchjob").job_name == "digits-pt"
+    job = operator_cluster.emulator.get("pytorchjobs", "digits-pt")
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    lines: list[str] = []
+    result = wait_for_job("digits-pt", backend="pytorchjob", on_log_line=lines.append)
+    assert result.state == "Complete"
+    assert any(line.startswith("training complete") for line in lines), lines[-5:]
+    collect_checkpoint(str(checkpoints), str(tmp_path / "model"))
+    evaluation = evaluate_model(str(tmp_path / "model"), str(digits_dir), threshold=0.95)
+    assert evaluation.accuracy >= 0.95 and evaluation.passed

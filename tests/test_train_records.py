@@ -258,3 +258,23 @@ def test_a_malformed_history_is_refused_naming_the_field(digits_dir: Path, tmp_p
     manifest_file.write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match="field history is 'every step', not a list"):
         read_manifest(ckpt / "epoch-000001")
+
+
+def test_a_resumed_run_purges_the_events_it_trains_again(digits_dir: Path, tmp_path: Path) -> None:
+    """An attempt that logged epoch 2 but died before its checkpoint: the resumed run trains
+    epoch 2 again, and TensorBoard shows each step once (SummaryWriter's purge_step)."""
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed")
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ckpt = tmp_path / "ckpt"
+    assert train(digits_dir, ckpt, "--epochs", "2") == 0
+    shutil.rmtree(ckpt / "epoch-000002")  # as if the attempt died while checkpointing
+    (ckpt / "LATEST").write_text("epoch-000001\n")
+    assert train(digits_dir, ckpt, "--epochs", "2") == 0
+    events = EventAccumulator(str(ckpt / "tensorboard"))
+    events.Reload()
+    steps = read_manifest(ckpt / "epoch-000002")["step"]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, steps + 1))
+    assert [e.step for e in events.Scalars("test/accuracy")] == [steps // 2, steps]

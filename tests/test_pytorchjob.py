@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from k8s_schemas import schema_errors
+from kmock import resource
 from kubeflow.training.api_client import ApiClient
 from kubeflow.training.models import KubeflowOrgV1PyTorchJob
 
@@ -36,6 +37,7 @@ from tests.support.fake_training_operator import (
     pytorchjob_crd,
     webhook_errors,
 )
+from tests.test_doctor import cluster, doctor  # noqa: F401 (cluster: the doctor tests' fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 OWNER = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-1", "uid": "u-1"}
@@ -361,3 +363,51 @@ def test_pytorchjob_backend_trains_digits_through_torchrun(operator_cluster, dig
     collect_checkpoint(str(checkpoints), str(tmp_path / "model"))
     evaluation = evaluate_model(str(tmp_path / "model"), str(digits_dir), threshold=0.95)
     assert evaluation.accuracy >= 0.95 and evaluation.passed
+
+
+def _without(schema: Any, key: str) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without(v, key) for k, v in schema.items() if k != key}
+    if isinstance(schema, list):
+        return [_without(v, key) for v in schema]
+    return schema
+
+
+def test_doctor_finds_the_training_operator_its_release_and_image(request):
+    """`kubetrain doctor --backend pytorchjob`: the v1 CRD (release 1.9's has
+    runPolicy.managedBy, 1.7/1.8's do not: kubeflow/training-operator
+    manifests/base/crds/kubeflow.org_pytorchjobs.yaml at v1.8.1 and v1.9.0) and the operator
+    Deployment's image (label control-plane: kubeflow-training-operator, v1.9.0
+    manifests/base/deployment.yaml)."""
+    emulator, kubeconfig, _denied = request.getfixturevalue("cluster")
+    missing = doctor(kubeconfig, "--backend", "pytorchjob")
+    assert missing.returncode == 1
+    assert "FAIL operator Kubeflow Training Operator is not installed" in missing.stdout
+    assert "FAIL trainer" not in missing.stdout and "runtime" not in missing.stdout
+    emulator.install_crd(_without(pytorchjob_crd(), "managedBy"))
+    old = doctor(kubeconfig, "--backend", "pytorchjob")
+    assert old.returncode == 0, old.stdout + old.stderr
+    assert "PyTorchJob CRD of release 1.8 or older" in old.stdout
+    emulator.delete("customresourcedefinitions", "pytorchjobs.kubeflow.org")
+    emulator.install_training_operator()
+    labels = {"control-plane": "kubeflow-training-operator"}
+    image = "kubeflow/training-operator:v1-5170a36"
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "training-operator", "namespace": "kubeflow", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "training-operator", "image": image}]},
+            },
+        },
+    }
+    emulator.create(resource("apps", "v1", "deployments"), deployment, "kubeflow")
+    ready = doctor(kubeconfig, "--backend", "pytorchjob")
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    assert (
+        "ok   operator Kubeflow Training Operator installed: PyTorchJob CRD of release 1.9 or "
+        f"newer; its Deployment runs {image}"
+    ) in ready.stdout

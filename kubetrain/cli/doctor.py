@@ -10,11 +10,13 @@ from kubetrain.jobspec import DEFAULT_RUNTIME
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "doctor",
-        help="check the cluster: API, Kubeflow Trainer, runtime, RBAC",
+        help="check the cluster: API, Kubeflow Trainer (or Training Operator), runtime, RBAC",
         description=(
             "Check that the cluster in $KUBECONFIG (or the pod's) is ready for the steps: the API "
-            "answers, the Kubeflow Trainer CRDs are installed (and which TrainJob form they take), "
-            "the runtime exists, and RBAC grants every verb the steps use, to you "
+            "answers, the Kubeflow Trainer CRDs are installed (and which TrainJob form they take) "
+            "and the runtime exists (with --backend pytorchjob: the Training Operator's "
+            "PyTorchJob CRD, its release and image), and RBAC grants every verb the steps use, "
+            "to you "
             "(SelfSubjectAccessReview) or to --service-account (SubjectAccessReview). Prints "
             "what is missing and how to fix it; exits 1 if anything is."
         ),
@@ -34,6 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "as: kubetrain, or KFP's pipeline-runner / default-editor) with SubjectAccessReviews, "
             "instead of your own; needs the right to create them (a cluster admin has it)"
         ),
+    )
+    parser.add_argument(
+        "--backend",
+        default="trainer",
+        choices=("trainer", "pytorchjob", "job"),
+        help="the backend the steps will use: trainer (default: checks Kubeflow Trainer and "
+        "the runtime), pytorchjob (checks Kubeflow Training Operator v1) or job (neither)",
     )
     parser.add_argument(
         "--runtime", default=DEFAULT_RUNTIME, help="runtime the TrainJobs will refer to"
@@ -73,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.runtime_kind,
         report,
         service_account=args.service_account or None,
+        backend=args.backend,
     )
     print("ready" if ready else "not ready: fix the FAIL lines above")
     return 0 if ready else 1

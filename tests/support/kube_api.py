@@ -67,6 +67,9 @@ BUILTIN_RESOURCES: dict[str, kmock.ResourceInfo] = {
     "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True),
     "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, subresources={"status"}),
     "batch/v1/jobs": kmock.ResourceInfo(kind="Job", namespaced=True, subresources={"status"}),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, subresources={"status"}
+    ),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False, subresources={"status"}
     ),

@@ -39,12 +39,91 @@ def check_trainer(objects, namespace: str) -> tuple[Check, str]:
     try:
         version = trainer_version(objects, "auto", namespace, warnings.append)
     except TrainerNotInstalled as exc:
-        return Check("trainer", False, str(exc), "or use --backend job"), ""
+        return Check("trainer", False, str(exc), "or use --backend job (or pytorchjob)"), ""
     except KubetrainError as exc:
         return Check("trainer", False, str(exc)), ""
     form = "runtimePatches" if version != "2.1" else "podTemplateOverrides"
     detail = f"Kubeflow Trainer installed; TrainJobs rendered for v{version} ({form})"
     return Check("trainer", True, "; ".join([detail, *warnings])), version
+
+
+#: What tells Training Operator 1.9's PyTorchJob CRD from 1.7/1.8's: ``runPolicy.managedBy``
+#: (kubeflow/training-operator ``manifests/base/crds/kubeflow.org_pytorchjobs.yaml``: in v1.9.0,
+#: not in v1.7.0, v1.8.0, v1.8.1).
+OPERATOR_19_FIELD = '"managedBy"'
+#: The label of the operator's Deployment (v1.9.0 ``manifests/base/deployment.yaml``).
+OPERATOR_SELECTOR = "control-plane=kubeflow-training-operator"
+
+
+def check_training_operator(api_client, objects, namespace: str) -> Check:
+    """The Training Operator's PyTorchJob CRD (kubeflow.org/v1), which release its schema is
+    of, and its Deployment's image when it can be read (best effort: it needs a right the
+    steps do not have); without the right to read the CRD, that the API is served."""
+    import json
+
+    from kubernetes.client import ApiextensionsV1Api
+
+    from kubetrain.backends.kubernetes.client import Action, NotFound, PermissionDenied
+    from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
+    from kubetrain.backends.kubernetes.launch import (
+        TrainingOperatorNotInstalled,
+    )
+    from kubetrain.backends.kubernetes.launch import (
+        check_training_operator as api_served,
+    )
+
+    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", PYTORCHJOB_CRD)
+    api = ApiextensionsV1Api(api_client)
+    try:
+        response = objects.call(
+            action, api.read_custom_resource_definition, PYTORCHJOB_CRD, _preload_content=False
+        )
+        crd = json.loads(response.data)
+    except NotFound:
+        return Check("operator", False, str(TrainingOperatorNotInstalled()))
+    except PermissionDenied:
+        try:
+            api_served(objects, namespace)
+        except KubetrainError as exc:
+            return Check("operator", False, str(exc))
+        return Check(
+            "operator",
+            True,
+            "Kubeflow Training Operator installed (PyTorchJobs are served; its CRD cannot be "
+            "read, so its version is unknown)",
+        )
+    versions = [v for v in crd.get("spec", {}).get("versions") or [] if v.get("name") == "v1"]
+    if not versions or not versions[0].get("served", True):
+        return Check("operator", False, f"the {PYTORCHJOB_CRD} CRD does not serve kubeflow.org/v1")
+    schema = json.dumps(versions[0].get("schema") or {})
+    release = "1.9 or newer" if OPERATOR_19_FIELD in schema else "1.8 or older"
+    image = _operator_image(api_client)
+    found = f"; its Deployment runs {image}" if image else ""
+    return Check(
+        "operator",
+        True,
+        f"Kubeflow Training Operator installed: PyTorchJob CRD of release {release}{found}",
+    )
+
+
+def _operator_image(api_client) -> str:
+    """The image of the operator's Deployment, in any namespace; empty when it cannot be read
+    (no right to list Deployments cluster-wide, or installed otherwise)."""
+    from kubernetes.client import AppsV1Api
+    from kubernetes.client.rest import ApiException
+
+    try:
+        listing = AppsV1Api(api_client).list_deployment_for_all_namespaces(
+            label_selector=OPERATOR_SELECTOR, _request_timeout=10
+        )
+    except (ApiException, OSError):
+        return ""
+    images = [
+        container.image
+        for deployment in listing.items
+        for container in (deployment.spec.template.spec.containers or [])
+    ]
+    return ", ".join(images)
 
 
 def check_runtime(objects, namespace: str, runtime: str, runtime_kind: str) -> Check:
@@ -113,8 +192,11 @@ def diagnose(
     runtime_kind: str,
     report: Callable[[Check], None],
     service_account: str | None = None,
+    backend: str = "trainer",
 ) -> bool:
-    """Run the checks in order (later ones need the earlier), reporting each; True if all pass."""
+    """Run the checks in order (later ones need the earlier), reporting each; True if all pass.
+    ``backend`` says what must be installed: the Trainer and the runtime (trainer), the
+    Training Operator (pytorchjob), or nothing (job)."""
     from kubetrain.backends.kubernetes.client import RetryPolicy
     from kubetrain.backends.kubernetes.objects import KubeObjects
 
@@ -123,12 +205,17 @@ def diagnose(
     if not api.ok:
         return False
     objects = KubeObjects(api_client, RetryPolicy())
-    trainer, _version = check_trainer(objects, namespace)
-    report(trainer)
-    checks = [api, trainer]
-    if trainer.ok:
-        checks.append(check_runtime(objects, namespace, runtime, runtime_kind))
+    checks = [api]
+    if backend == "pytorchjob":
+        checks.append(check_training_operator(api_client, objects, namespace))
         report(checks[-1])
+    elif backend == "trainer":
+        trainer, _version = check_trainer(objects, namespace)
+        report(trainer)
+        checks.append(trainer)
+        if trainer.ok:
+            checks.append(check_runtime(objects, namespace, runtime, runtime_kind))
+            report(checks[-1])
     checks.append(check_permissions(api_client, namespace, service_account))
     report(checks[-1])
     return all(check.ok for check in checks)

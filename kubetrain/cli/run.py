@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--procs-per-node",
         default=AUTO_PROCS,
         metavar="N|auto",
-        help="training processes per node; default auto: 1 (one per GPU on a cluster node "
-        "with GPUs; here there are none)",
+        help="training processes per node; default auto: one per GPU, and kubetrain run's "
+        "nodes ask for none, so 1",
     )
     parser.add_argument(
         "--strategy",
@@ -126,8 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keep-job",
         action="store_true",
         help="keep the training job's folder (its checkpoints and node logs, under "
-        "$KUBETRAIN_LOCAL_ROOT or ~/.kubetrain/local) after a passing or failing run; "
-        "default: removed once the model is collected (a failed run's is kept)",
+        "$KUBETRAIN_LOCAL_ROOT or ~/.kubetrain/local) once the model is collected; default: "
+        "removed then (a failed run's is always kept, for its logs)",
     )
     parser.add_argument(
         "--verbose",
@@ -272,8 +272,11 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             run_folders = [pipeline_root / name for name in run_names]
             if kept := kept_job(run_folders):
-                print(f"the job's node logs and checkpoints stay in {kept[1]}; "
-                      f"`kubetrain delete {kept[0]}` removes them")  # fmt: skip
+                job, job_dir = kept
+                print(
+                    f"the job's node logs and checkpoints stay in {job_dir}; "
+                    f"`kubetrain delete {job}` removes them"
+                )
             see_more = how_to_see_more(run_folders)
             raise KubetrainError(view.failure(see_more, f"pipeline failed: {exc}")) from exc
     elapsed = time.monotonic() - started
@@ -287,9 +290,9 @@ def run(args: argparse.Namespace) -> int:
     training = (
         " ".join(program(args)) if program(args) else f"{args.strategy}, {args.epochs} epochs"
     )
+    procs_per_node = resolve_procs_per_node(args.procs_per_node, 0)
     print(
-        f"kubetrain run: {args.nodes} node(s) x {resolve_procs_per_node(args.procs_per_node, 0)} "
-        "process(es), "
+        f"kubetrain run: {args.nodes} node(s) x {procs_per_node} process(es), "
         f"{training} on {args.dataset}"
     )
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")

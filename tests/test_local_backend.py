@@ -223,23 +223,25 @@ def test_wait_times_out_with_exit_124_and_leaves_no_process_behind(local_root, t
     )  # fmt: skip
     assert launched.returncode == 0, launched.stderr
     job_id = json.loads((local_root / "slow" / "job.json").read_text())["id"]
-    deadline = time.monotonic() + 60
-    while len(job_processes(job_id)) < 5 and time.monotonic() < deadline:  # 1 + 2 + 2 at least
-        time.sleep(0.1)
-    running = job_processes(job_id)
-    assert len(running) >= 5
-    waited = kubetrain("wait", "slow", "--timeout", "0.5")
-    assert waited.returncode == 124
-    (line,) = waited.stderr.splitlines()
-    assert line.startswith("kubetrain wait: error: timed out after 0.5s waiting for job slow")
-    assert line.endswith(
-        f"stopped its processes (its logs stay in {local_root / 'slow'}); raise --timeout"
-    )
-    assert [proc.pid for proc in running if process_alive(proc.pid)] == []
-    assert job_processes(job_id) == []
-    assert (local_root / "slow" / "node-0.log").is_file()
-    assert backend.status("slow").state == FAILED
-    backend.delete("slow")
+    try:
+        deadline = time.monotonic() + 60
+        while len(job_processes(job_id)) < 5 and time.monotonic() < deadline:  # 1 + 2 + 2
+            time.sleep(0.1)
+        running = job_processes(job_id)
+        assert len(running) >= 5
+        waited = kubetrain("wait", "slow", "--timeout", "0.5")
+        assert waited.returncode == 124
+        (line,) = waited.stderr.splitlines()
+        assert line.startswith("kubetrain wait: error: timed out after 0.5s waiting for job slow")
+        assert line.endswith(
+            f"stopped its processes (its logs stay in {local_root / 'slow'}); raise --timeout"
+        )
+        assert [proc.pid for proc in running if process_alive(proc.pid)] == []
+        assert job_processes(job_id) == []
+        assert (local_root / "slow" / "node-0.log").is_file()
+        assert backend.status("slow").state == FAILED
+    finally:
+        backend.delete("slow")  # a failure above leaves no sleeper behind either
 
 
 def job_processes(job_id: str) -> list:

@@ -7,6 +7,7 @@ envvar.go, master.go)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -411,3 +412,27 @@ def test_doctor_finds_the_training_operator_its_release_and_image(request):
         "ok   operator Kubeflow Training Operator installed: PyTorchJob CRD of release 1.9 or "
         f"newer; its Deployment runs {image}"
     ) in ready.stdout
+
+
+@pytest.mark.fault
+def test_restarts_run_out_at_the_backoff_limit_and_wait_says_so(operator_cluster, injected):
+    """max_restarts 1 on 2 nodes: OnFailure restarts the failing worker in place; the
+    operator fails the job once the pods' restarts add up to backoffLimit 3 (pkg/core/job.go
+    PastBackoffLimit) and deletes every pod (pkg/controller.v1/common/job.go ReconcileJobs)."""
+    emulator, backend = operator_cluster.emulator, operator_cluster.backend("pytorchjob")
+    flaky = dataclasses.replace(show_env("flaky", 2, EXIT_1="3", SLEEP_0="30"), max_restarts=1)
+    backend.launch(flaky)
+    assert emulator.get("pytorchjobs", "flaky")["spec"]["runPolicy"]["backoffLimit"] == 3
+    status = backend.wait("flaky", 60, None)
+    injected.struck("worker 0 failed 3 times")
+    assert status.state == FAILED and status.reason == "PyTorchJobFailed"
+    assert status.message.startswith(
+        "Job flaky has failed because it has reached the specified backoff limit"
+    )
+    job = emulator.get("pytorchjobs", "flaky")
+    conditions = {c["type"]: c["status"] for c in job["status"]["conditions"]}
+    assert conditions["Failed"] == "True"
+    deadline = time.monotonic() + 15
+    while emulator.names("pods"):
+        assert time.monotonic() < deadline, emulator.names("pods")
+        time.sleep(0.05)

@@ -53,6 +53,7 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
     def training_pipeline(
         dataset_source: str = "sklearn:digits",
         test_fraction: float = 0.2,
+        validation_fraction: float = 0.1,
         seed: int = 0,
         backend: str = "trainer",
         nodes: int = 2,
@@ -102,6 +103,7 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
             prep = dataset_prep(
                 source=dataset_source,
                 test_fraction=test_fraction,
+                validation_fraction=validation_fraction,
                 seed=seed,
                 storage=storage,
                 run_name=RUN,

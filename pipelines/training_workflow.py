@@ -72,8 +72,13 @@ class ExistingClaim:
 PARAMETERS: dict[str, tuple[str, str]] = {
     "dataset_source": ("sklearn:digits", "dataset to prepare (see `kubetrain prep --help`)"),
     "test_fraction": ("0.2", "share of samples held out for evaluation"),
+    "validation_fraction": ("0.1", "share of training samples scored each epoch (0: none)"),
     "seed": ("0", "seed of the train/test split"),
-    "backend": ("trainer", "trainer (Kubeflow Trainer TrainJob), job (Indexed Job) or local"),
+    "backend": (
+        "trainer",
+        "trainer (Kubeflow Trainer TrainJob), pytorchjob (Training Operator v1 PyTorchJob), job "
+        "(Indexed Job) or local",
+    ),
     "nodes": ("2", "training nodes (pods)"),
     "procs_per_node": ("auto", "torchrun processes per node; auto = one per GPU with gpu, else 1"),
     "strategy": ("ddp", "ddp or fsdp"),
@@ -211,6 +216,7 @@ def add_tasks(
                 "source": p("dataset_source"),
                 "output": f"{shared}/datasets/{run}",
                 "test_fraction": p("test_fraction"),
+                "validation_fraction": p("validation_fraction"),
                 "seed": p("seed"),
             },
         )

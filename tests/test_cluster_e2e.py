@@ -14,6 +14,7 @@ from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.components.evaluate_model.evaluate import evaluate_model
 from kubetrain.components.launch_trainjob.launch import LaunchRequest, TrainingOptions, launch
 from kubetrain.components.wait_trainjob.wait import JobFailed, wait_for_job
+from kubetrain.progress import parse_record
 from tests.support.fake_trainer import FakeTrainer
 
 
@@ -50,7 +51,12 @@ def test_trainer_backend_trains_two_nodes(trainer_cluster, digits_dir, tmp_path)
     lines: list[str] = []
     result = wait_for_job("digits-ddp", backend="trainer", on_log_line=lines.append)
     assert result.state == "Complete"
-    assert lines[0].startswith("epoch 1/10") and lines[-1].startswith("training complete")
+    records = [record for line in lines if (record := parse_record(line)) is not None]
+    said = [line for line in lines if parse_record(line) is None]
+    assert said[0].startswith("epoch 1/10") and said[-1].startswith("training complete")
+    # rank 0's progress records come through the pod log, for wait's live display (issue 18)
+    assert records and (records[-1].epoch, records[-1].epochs) == (10, 10)
+    assert records[-1].batch == records[-1].batches
     assert trainer_cluster.emulator.count("get", "trainjobs") <= 2, "launch's check, not polling"
     check_model(checkpoints, digits_dir, tmp_path)
 

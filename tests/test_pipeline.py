@@ -198,7 +198,9 @@ def summary_accuracy(stdout: str) -> float:
 
 def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
-    result = run_pipeline(tmp_path)
+    # --keep-job: the job's folder is looked at below (by default a passing run removes it,
+    # tests/test_run_housekeeping.py)
+    result = run_pipeline(tmp_path, "--keep-job")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert summary_accuracy(result.stdout) >= 0.95
     model_dir = Path(re.search(r"^model\s+(\S+)", result.stdout, re.MULTILINE).group(1))
@@ -227,8 +229,14 @@ def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     assert "dataset-prep started" in lines and "wait-trainjob started" in lines
     assert re.search(r"^wait-trainjob done in \d+\.\ds$", result.stdout, re.MULTILINE)
     assert sum(line.startswith("  epoch ") for line in lines) == 10
-    assert lines[-8] == "" and lines[-7].startswith("kubetrain run: 2 node(s)")
+    summary = lines.index(next(line for line in lines if line.startswith("kubetrain run: ")))
+    assert lines[summary - 1] == "" and lines[summary].startswith("kubetrain run: 2 node(s)")
     assert lines[-1].startswith("promoted ")
+    # rank 0's TensorBoard events (the tensorboard package is a dev dependency) outlive the
+    # job folder the run removed: they were moved into the run's folder
+    events = Path(re.search(r"^events\s+(\S+)", result.stdout, re.MULTILINE).group(1))
+    assert events == promoted.parents[1] / run_name / "tensorboard"
+    assert list(events.glob("events.out.tfevents.*"))
 
 
 def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
@@ -264,12 +272,15 @@ def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path
     assert last_line.startswith(
         "kubetrain run: error: step wait-trainjob failed: timed out after 1s waiting for job "
     ), last_line
-    assert last_line.endswith("; to see more: kubetrain run --verbose (the same options)")
     assert "\x1b[" not in result.stdout + result.stderr
     assert re.search(r"^wait-trainjob failed after \d+\.\ds: timed out", result.stdout, re.M)
-    deleted = re.search(r"the run ended FAILED: deleted (\S+)", result.stdout)
+    deleted = re.search(r"the run ended FAILED: stopped (\S+); its folder stays", result.stdout)
     assert deleted, result.stdout[-3000:]
-    assert list((tmp_path / "jobs").iterdir()) == []
+    # Issue 18 (3): under `kubetrain run` the exit handler stops the job and keeps its folder,
+    # whose logs the run's last line points to
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    assert job_dir.name == deleted.group(1)
+    assert last_line.endswith(f"; to see more: kubetrain logs {job_dir.name}")
 
 
 @pytest.mark.parametrize(

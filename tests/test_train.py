@@ -438,3 +438,19 @@ def test_a_long_epoch_logs_a_record_at_least_a_minute_for_the_stall_check(
     assert asked == [60.0, 120.0, 180.0]
     assert records[0].samples_per_second == round(32 / 60 * 4, 1)  # rank 0's rate × world size
     assert records[0].eta_seconds == 60 / 120 * (1000 - 120 + 7 * 1000)
+
+
+def test_a_40_epoch_run_keeps_at_most_n_checkpoints(digits_dir: Path, tmp_path: Path) -> None:
+    """Issue 18 (3): retention holds through a long run, not just a few epochs: after every
+    epoch's save at most N+1 stay (the one LATEST named before it is kept for a reader that
+    may hold it), and N at the end; LATEST names the last."""
+    ckpt = tmp_path / "ckpt"
+    argv = [
+        "--data", str(digits_dir), "--checkpoint-dir", str(ckpt), "--epochs", "40",
+        "--batch-size", "4096", "--keep-checkpoints", "3", "--tensorboard-dir", "",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    kept = sorted(path.name for path in ckpt.glob("epoch-*"))
+    assert kept == ["epoch-000038", "epoch-000039", "epoch-000040"]
+    assert (ckpt / "LATEST").read_text().strip() == "epoch-000040"
+    assert len(read_manifest(ckpt / "epoch-000040")["metrics"]) == 40

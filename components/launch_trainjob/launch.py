@@ -310,7 +310,8 @@ def render_launch(
         raise InvalidInput(
             "backend",
             f"{backend!r} has nothing to render",
-            "use --backend trainer (a TrainJob) or job (Indexed Job + headless Service)",
+            "use --backend trainer (a TrainJob), pytorchjob (a PyTorchJob) or job (Indexed "
+            "Job + headless Service)",
         )
     from kubetrain.backends.kubernetes.client import resolve_namespace
 

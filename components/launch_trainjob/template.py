@@ -39,7 +39,8 @@ def launch_trainjob_template(
         input_parameter("data", "dataset folder written by the prep step (on the claim)"),
         input_parameter("checkpoint_dir", "where rank 0 writes checkpoints (on the claim)"),
         input_parameter("shared_pvc", "PersistentVolumeClaim the nodes mount at " + mount),
-        input_parameter("backend", "trainer (TrainJob), job (Indexed Job) or local", "trainer"),
+        input_parameter("backend", "trainer (TrainJob), pytorchjob (PyTorchJob), job (Indexed "
+                        "Job) or local", "trainer"),
         input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
         input_parameter("nodes", "training nodes (pods)", "2"),
         input_parameter("procs_per_node", "torchrun processes per node; auto = one per GPU "

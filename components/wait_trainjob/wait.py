@@ -4,6 +4,7 @@ failing node's exit code and its last log lines."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import COMPLETE, Backend, JobStatus
+from kubetrain.backends.local.files import KEEP_FILES_ENV
 from kubetrain.backends.torchrun_report import root_cause, torchrun_failure
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.names import derive_job_name
@@ -114,6 +116,8 @@ def delete_run_job(
         if not ignore_not_found:
             raise
         return f"{name}: {missing}"
+    if backend == "local" and os.environ.get(KEEP_FILES_ENV):  # under `kubetrain run`
+        return f"stopped {name}; its folder stays for its logs"
     return f"deleted {name}"
 
 

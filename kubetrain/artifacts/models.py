@@ -8,7 +8,6 @@ names is not imported.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,31 +16,11 @@ import torch
 from torch import nn
 
 from kubetrain.artifacts.manifest import check_model_code
+from kubetrain.callables import import_callable
 from kubetrain.errors import InvalidInput
 from kubetrain.training_choices import MODEL_FIX
 
 HIDDEN = 128
-
-
-def import_callable(spec: str, option: str, fix: str) -> Callable[..., Any]:
-    """Resolve ``package.module:callable``, reporting any failure against ``option``."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise InvalidInput(option, f"{spec!r} is not of the form package.module:callable", fix)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInput(option, f"cannot import module {module_name!r} ({exc})", fix) from exc
-    target: Any = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise InvalidInput(
-                option, f"module {module_name!r} has no attribute {attribute!r}", fix
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise InvalidInput(option, f"{spec!r} is not callable", fix)
-    return target
 
 
 def mlp(sample_shape: Sequence[int], num_classes: int) -> nn.Module:

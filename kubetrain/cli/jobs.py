@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "List jobs, running and finished, with their state, age and nodes: the local "
             "backend's (under $KUBETRAIN_LOCAL_ROOT, default ~/.kubetrain/local), or with "
-            "--backend trainer|job kubetrain's TrainJobs / Jobs in --namespace."
+            "--backend trainer|pytorchjob|job kubetrain's TrainJobs / PyTorchJobs / Jobs in "
+            "--namespace."
         ),
     )
     add_backend_arguments(listing)

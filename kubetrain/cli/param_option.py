@@ -9,8 +9,9 @@ from collections.abc import Callable, Collection
 from typing import NamedTuple, TypeVar
 
 from kubetrain import rules
+from kubetrain.backends.base import BACKENDS
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import DEFAULT_RUNTIME
+from kubetrain.jobspec import DEFAULT_RUNTIME, resolve_procs_per_node
 from kubetrain.training_choices import STRATEGIES
 
 T = TypeVar("T")
@@ -101,6 +102,11 @@ def _location(text: str, field: str) -> None:
     storage.check_protocol(text, field)
 
 
+def _procs_per_node(text: str, field: str) -> None:
+    """What launch reads: auto, or a whole number from 1 (``jobspec.resolve_procs_per_node``)."""
+    resolve_procs_per_node(text, 0, field)
+
+
 def _unschedulable_grace(text: str, field: str) -> None:
     """What wait's ``unschedulable_grace`` reads: auto, empty, or 0 or more seconds."""
     from kubetrain.components.wait_trainjob.wait import unschedulable_grace  # not for --help
@@ -114,7 +120,7 @@ def _unschedulable_grace(text: str, field: str) -> None:
 VALUE_RULES: dict[str, Rule] = {
     # The launch step's parameters, with the rules of TrainingOptions and TrainJobSpec.
     "nodes": _whole(1, "2"),
-    "procs_per_node": _whole(1, "1"),
+    "procs_per_node": Rule(_procs_per_node, "auto"),
     "epochs": _whole(1, "10"),
     "keep_checkpoints": _whole(0, "3"),
     "batch_size": _whole(1, "32"),
@@ -122,7 +128,7 @@ VALUE_RULES: dict[str, Rule] = {
     "lr": _parsed(float, "a number", rules.positive_number, "0.001"),
     "model": _text(rules.model_spec, "mlp"),
     "strategy": _one_of(*STRATEGIES),
-    "backend": _one_of("local", "trainer", "job"),
+    "backend": _one_of(*BACKENDS),
     "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
     "runtime": _text(rules.dns1123_subdomain, DEFAULT_RUNTIME),
     # Empty: the namespace the step's pod runs in (the run's).
@@ -137,6 +143,7 @@ VALUE_RULES: dict[str, Rule] = {
     # Other steps' parameters.
     "seed": _whole(0, "0", high=2**32 - 1),
     "test_fraction": _within(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),
+    "validation_fraction": _within(lambda v: 0 <= v <= 0.5, "a number from 0 to 0.5", "0.1"),
     "accuracy_threshold": _within(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
     "wait_timeout_seconds": _within(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
     "stall_timeout_seconds": _within(lambda v: v >= 0, "0 (never) or more seconds", "1800"),

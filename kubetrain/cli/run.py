@@ -282,7 +282,9 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     (run_name,) = run_names
     steps = pipeline_root / run_name
-    print(job_folder_outcome(step_parameters(steps, "launch-trainjob")["job_name"], args.keep_job))
+    launched = step_parameters(steps, "launch-trainjob")
+    events = tensorboard_events(launched["checkpoint_dir"], steps)
+    print(job_folder_outcome(launched["job_name"], args.keep_job))
     evaluation = step_parameters(steps, "evaluate-model")
     accuracy, passed = evaluation["accuracy"], evaluation["passed"]
     verdict = "passed" if passed else "below threshold"
@@ -300,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"model    {storage.dereference(str(steps / 'collect-checkpoint' / 'model'))}")
     print(f"metrics  {steps / 'evaluate-model' / 'metrics'}")
     print(f"report   {publish_report(str(steps / 'evaluate-model' / 'report'))}")
+    if events is not None:
+        print(f"events   {events} (tensorboard --logdir)")
     promoted = (steps / "promote-model" / EXECUTOR_OUTPUT).is_file()
     print(
         f"promoted {step_parameters(steps, 'promote-model')['promoted_to']}"
@@ -353,6 +357,23 @@ def job_folder_kept() -> Iterator[None]:
         yield
     finally:
         os.environ.pop(KEEP_FILES_ENV, None)
+
+
+def tensorboard_events(checkpoint_dir: str, run_folder: Path) -> Path | None:
+    """Rank 0's TensorBoard event files (written beside its checkpoints when the tensorboard
+    package is installed), moved into the run's folder, beside the steps' outputs: they outlive
+    the job folder a successful run removes. None when there are none."""
+    import shutil
+
+    from kubetrain import storage
+    from kubetrain.train.options import TENSORBOARD_FOLDER
+
+    if not storage.is_local(checkpoint_dir):
+        return None
+    events = storage.local_path(checkpoint_dir) / TENSORBOARD_FOLDER
+    if not events.is_dir():
+        return None
+    return Path(shutil.move(events, run_folder / TENSORBOARD_FOLDER))
 
 
 def job_folder_outcome(job: str, keep: bool) -> str:

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
 from kubetrain.artifacts import datasets
-from kubetrain.artifacts.models import import_callable
+from kubetrain.callables import import_callable
 from kubetrain.errors import InvalidInput
 
 DATASET_FIX = "use prepared or a package.module:callable returning (x, y) tensors"

@@ -207,12 +207,12 @@ def test_four_pipeline_runs_at_once_share_nothing_by_accident(
     local_root: Path, tmp_path: Path, figures
 ) -> None:
     """Four `kubetrain run` on one machine, one output folder and one local job root: each
-    gets its own run folder, job, free port and model."""
+    gets its own run folder, job, free port and model (the jobs kept, to be looked at)."""
     output = tmp_path / "runs"
     command = [sys.executable, "-m", "kubetrain", "run", "--output", str(output)]
     runs = [
         subprocess.Popen(
-            [*command, "--epochs", "2", "--threshold", "0.5", "--seed", str(seed)],
+            [*command, "--epochs", "2", "--threshold", "0.5", "--seed", str(seed), "--keep-job"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -87,6 +87,7 @@ from kubetrain.artifacts.checkpoint_manifest import (
 )
 from kubetrain.artifacts.manifest import check_entry
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
+from kubetrain.names import JOB_NAME_ENV
 from kubetrain.storage import atomic
 
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
@@ -472,7 +473,7 @@ def job_identity() -> dict[str, Any]:
     backend sets ``KUBETRAIN_JOB_NAME``, torchrun's run id, the host (a pod's name on a
     cluster) and the process."""
     return {
-        "job": os.environ.get("KUBETRAIN_JOB_NAME") or None,
+        "job": os.environ.get(JOB_NAME_ENV) or None,
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or None,
         "host": socket.gethostname(),
         "pid": os.getpid(),

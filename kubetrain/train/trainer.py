@@ -24,6 +24,7 @@ from kubetrain.artifacts.checkpoint import (
 )
 from kubetrain.artifacts.models import build_model
 from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.names import JOB_NAME_ENV
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
 from kubetrain.train.events import open_event_files
@@ -166,7 +167,7 @@ class RunClock:
 
     def __init__(self, checkpoint_dir: str) -> None:
         folder = os.path.basename(str(checkpoint_dir).rstrip("/"))
-        self.job = os.environ.get("KUBETRAIN_JOB_NAME") or folder
+        self.job = os.environ.get(JOB_NAME_ENV) or folder
         self.started_at = _now()
         self._seconds_before = 0.0
         self._attempt_started = time.monotonic()

@@ -25,6 +25,7 @@ from kubetrain.backends.local.files import node_log, read_status, write_status
 from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.names import JOB_NAME_ENV
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -62,6 +63,7 @@ def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
         **os.environ,
         "PATH": program_path(),
         "PYTHONUNBUFFERED": "1",
+        JOB_NAME_ENV: spec.name,
         **spec.env,
         JOB_ID_ENV: os.environ[JOB_ID_ENV],
         "PET_NNODES": str(spec.num_nodes),

@@ -13,10 +13,10 @@ from kubetrain.rules import longest_jobset_name
 #: name fits whatever the launch asks for: the longest replicated job of a Trainer runtime
 #: (``dataset-initializer``) and up to 10000 nodes. The same name whatever the launch's
 #: options, so `kubetrain delete --run-name` finds it.
-#: The job's name in a node's environment, where it is set (the local backend, our runtimes
-#: from the JobSet's label): the trainer records it as the run's name and in its checkpoint
-#: lock. Without it the checkpoint folder's name stands in (a cluster job's default folder is
-#: named after the job).
+#: The job's name in a node's environment (the local, job and pytorchjob backends set it, our
+#: runtimes from the JobSet's label): the trainer records it as the run's name and in its
+#: checkpoint lock. Without it (someone else's runtime) the checkpoint folder's name stands
+#: in (a cluster job's default folder is named after the job).
 JOB_NAME_ENV = "KUBETRAIN_JOB_NAME"
 
 MAX_DERIVED_LENGTH = longest_jobset_name([("dataset-initializer", 1, 1), ("node", 1, 10_000)])

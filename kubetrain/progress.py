@@ -70,8 +70,8 @@ def format_record(progress: Progress) -> str:
 
 
 def parse_record(line: str) -> Progress | None:
-    """The record a log line holds, or None for any other line (a malformed record included:
-    it is then shown as the plain line it is)."""
+    """The record a log line holds, or None for any other line (a malformed record included,
+    such as one with a number written as text: it is then shown as the plain line it is)."""
     start = line.find(PREFIX)
     if start < 0:
         return None
@@ -83,9 +83,21 @@ def parse_record(line: str) -> Progress | None:
             if values.get(measured, 0) is None:
                 values[measured] = math.nan
         progress = Progress(**values)
-        int_fields = (progress.epoch, progress.epochs, progress.batch, progress.batches)
-        if not all(isinstance(v, int) for v in (*int_fields, progress.step)):
-            return None
-        return progress
     except (ValueError, TypeError, AttributeError):
         return None
+    whole = (progress.epoch, progress.epochs, progress.batch, progress.batches, progress.step)
+    measured = (progress.loss, progress.samples_per_second)
+    eta = progress.eta_seconds
+    if not all(_is_whole(v) for v in whole) or not all(_is_number(v) for v in measured):
+        return None
+    if eta is not None and not _is_number(eta):
+        return None
+    return progress
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

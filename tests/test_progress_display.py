@@ -63,6 +63,12 @@ def test_a_diverged_loss_is_still_a_record_and_a_malformed_one_is_a_plain_line()
         f'{PREFIX}{{"epoch": "2"}}',
         f'{PREFIX}{{"epoch":1,"epochs":1,"batch":1,"batches":1,"step":1.5,"loss":1,'
         '"samples_per_second":1}',
+        # numbers written as text, or booleans, by someone's own trainer: shown as lines,
+        # never a crash of the display drawing them
+        format_record(RECORD).replace('"loss":0.41234', '"loss":"0.5"'),
+        format_record(RECORD).replace('"eta_seconds":72.0', '"eta_seconds":"5"'),
+        format_record(RECORD).replace('"samples_per_second":5234.3', '"samples_per_second":true'),
+        format_record(RECORD).replace('"epoch":2', '"epoch":true'),
     ):
         assert parse_record(line) is None, line
 

@@ -406,9 +406,11 @@ def test_indexed_job_and_headless_service_give_the_trainer_environment():
     assert (container["image"], container["command"]) == (spec.image, ["torchrun"])
     assert container["args"] == ["-m", "kubetrain.train"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/shared", "/mnt/ref"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"/mnt/shared", "/mnt/ref", "/dev/shm"}  # a GPU pod's shared memory
     env = env_of(container)
     assert env["NCCL_DEBUG"]["value"] == "INFO"
+    assert env["KUBETRAIN_JOB_NAME"]["value"] == "full-job"  # the report's run name
     assert env["PET_NNODES"]["value"] == "4"
     assert env["PET_NPROC_PER_NODE"]["value"] == "8"
     assert env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
@@ -538,3 +540,38 @@ def test_offline_render_for_trainer_2_2_warns_that_it_cannot_merge_the_runtimes_
     assert "Trainer 2.2 replaces the runtime's resources" in warning
     assert main(["render", "trainjob", "--name", "demo", "--cpu", "2"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("backend", ["job", "pytorchjob"])
+def test_gpu_pods_without_a_runtime_get_shared_memory(backend):
+    """NCCL's shared-memory transport and DataLoader workers outgrow a container's 64Mi
+    /dev/shm; the Trainer's pods get it from our GPU runtimes, the renderers with no runtime
+    give it themselves, to GPU pods only."""
+    from kubetrain.render import render_job
+
+    def pod_specs(gpu: int) -> list[dict]:
+        spec = TrainJobSpec(
+            name="gpu-job",
+            command=("torchrun", "train.py"),
+            num_nodes=2,
+            resources_per_node=Resources(gpu=gpu),
+        )
+        objects = render_job(spec, backend, namespace="default", trainer_version="2.3")
+        return [
+            found for found in _walk(objects) if isinstance(found, dict) and "containers" in found
+        ]
+
+    for pod_spec in pod_specs(gpu=4):
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in (
+            pod_spec["volumes"]
+        )
+        mounts = pod_spec["containers"][0]["volumeMounts"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in mounts
+    assert "dshm" not in json.dumps(pod_specs(gpu=0))
+
+
+def _walk(node):
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in children:
+        yield from _walk(child)

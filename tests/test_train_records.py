@@ -278,3 +278,24 @@ def test_a_resumed_run_purges_the_events_it_trains_again(digits_dir: Path, tmp_p
     steps = read_manifest(ckpt / "epoch-000002")["step"]
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, steps + 1))
     assert [e.step for e in events.Scalars("test/accuracy")] == [steps // 2, steps]
+
+
+def test_a_run_after_an_attempt_that_never_checkpointed_purges_its_events(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    """An attempt that died before its first checkpoint left events and no checkpoint: the
+    next run starts from step 0 and TensorBoard shows each step once, not twice."""
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed")
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ckpt = tmp_path / "ckpt"
+    assert train(digits_dir, ckpt, "--epochs", "1") == 0
+    shutil.rmtree(ckpt / "epoch-000001")  # as if the attempt died while checkpointing
+    (ckpt / "LATEST").unlink()
+    assert train(digits_dir, ckpt, "--epochs", "1") == 0
+    events = EventAccumulator(str(ckpt / "tensorboard"))
+    events.Reload()
+    steps = read_manifest(ckpt / "epoch-000001")["step"]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, steps + 1))

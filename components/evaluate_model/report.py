@@ -330,6 +330,10 @@ def _missing(what: str) -> str:
     return f'<p class="missing">{html.escape(what)}: {NOT_RECORDED}.</p>'
 
 
+#: A training time above this (30 years) is a hand-edited card, not a run: not shown.
+MAX_RECORDED_SECONDS = 1e9
+
+
 def _duration(seconds: float) -> str:
     """``42.1 s``, ``3 min 07 s``, ``2 h 05 min 09 s``."""
     if seconds < 60:
@@ -344,10 +348,10 @@ def _date(text: Any) -> str | None:
     absent: ``None``)."""
     try:
         moment = datetime.fromisoformat(str(text))
-    except ValueError:
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(timezone.utc)  # overflows at year 1 or 9999
+    except (ValueError, OverflowError):
         return None
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc)
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -365,7 +369,9 @@ def run_rows(card: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
         *((("started", started),) if started else ()),
         (
             "training time",
-            _duration(seconds) if seconds is not None and seconds >= 0 else NOT_RECORDED,
+            _duration(seconds)
+            if seconds is not None and 0 <= seconds < MAX_RECORDED_SECONDS
+            else NOT_RECORDED,
         ),
     ]
 

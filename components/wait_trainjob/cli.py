@@ -31,9 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timeout",
         type=float,
         default=0,
-        help="give up after this many seconds (exit 124): a local job's processes are stopped "
-        "(its folder and logs stay), a cluster job is left running for `kubetrain delete` or "
-        "the pipeline's exit handler; default 0 = wait forever",
+        help="give up after this many seconds (exit 124); the job goes on running, for "
+        "`kubetrain delete` or the pipeline's exit handler to stop; default 0 = wait forever",
     )
     parser.add_argument(
         "--stall-timeout",

@@ -133,7 +133,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--verbose",
         action="store_true",
         help="print KFP's local-runner logging and every step's whole output (executor inputs, "
-        "outputs); default: one line per step as it starts and ends, the training lines, the "
+        "outputs, rank 0's kubetrain-progress records as written); default: one line per step "
+        "as it starts and ends, the training lines (a live progress bar on a terminal), the "
         "summary",
     )
     parser.add_argument(

@@ -152,7 +152,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
     resources = pod.resource_requirements(spec.resources_per_node)
     if resources:
         container["resources"] = resources
-    mounts = pod.volume_mounts(spec)
+    mounts = pod.volume_mounts(spec, shared_memory=True)
     if mounts:
         container["volumeMounts"] = mounts
     env_from = pod.storage_env_from(spec)
@@ -168,7 +168,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
         ("serviceAccountName", spec.service_account),
         ("nodeSelector", dict(spec.node_selector)),
         ("tolerations", pod.tolerations(spec)),
-        ("volumes", pod.volumes(spec)),
+        ("volumes", pod.volumes(spec, shared_memory=True)),
     )
     pod_spec.update({key: value for key, value in optional if value})
     return pod_spec
@@ -177,7 +177,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
 def _env(spec: TrainJobSpec) -> list[dict[str, Any]]:
     """The user's env, then what the Trainer's torch plugin would inject."""
     return [
-        *pod.env_list(spec.env),
+        *pod.named_env(spec),
         {"name": "PET_NNODES", "value": str(spec.num_nodes)},
         {"name": "PET_NPROC_PER_NODE", "value": str(spec.procs_per_node)},
         {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubetrain.jobspec import Resources, TrainJobSpec
+from kubetrain.names import JOB_NAME_ENV
 from kubetrain.render.script import script_volume, script_volume_mount
 
 #: The container the Trainer injects PET_* into; its runtimes' replicated job has this name too.
@@ -63,7 +64,19 @@ def resource_requirements(resources: Resources) -> dict[str, dict[str, str]]:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
-def volumes(spec: TrainJobSpec) -> list[dict[str, Any]]:
+#: NCCL and DataLoader workers use shared memory, and a container's /dev/shm is 64Mi: GPU
+#: pods get a memory-backed one, as our GPU runtimes give theirs (manifests/torch-ddp-gpu.yaml).
+SHARED_MEMORY_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+SHARED_MEMORY_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def wants_shared_memory(spec: TrainJobSpec) -> bool:
+    return spec.resources_per_node.gpu > 0
+
+
+def volumes(spec: TrainJobSpec, shared_memory: bool = False) -> list[dict[str, Any]]:
+    """The spec's volumes; with ``shared_memory`` (a renderer with no runtime to give it),
+    a GPU pod's /dev/shm too."""
     rendered = [
         {
             "name": volume.name,
@@ -76,10 +89,12 @@ def volumes(spec: TrainJobSpec) -> list[dict[str, Any]]:
     ]
     if spec.script:
         rendered.append(script_volume(spec))
+    if shared_memory and wants_shared_memory(spec):
+        rendered.append(SHARED_MEMORY_VOLUME)
     return rendered
 
 
-def volume_mounts(spec: TrainJobSpec) -> list[dict[str, Any]]:
+def volume_mounts(spec: TrainJobSpec, shared_memory: bool = False) -> list[dict[str, Any]]:
     mounts = [
         {
             "name": volume.name,
@@ -90,6 +105,8 @@ def volume_mounts(spec: TrainJobSpec) -> list[dict[str, Any]]:
     ]
     if spec.script:
         mounts.append(script_volume_mount())
+    if shared_memory and wants_shared_memory(spec):
+        mounts.append(SHARED_MEMORY_MOUNT)
     return mounts
 
 
@@ -111,6 +128,12 @@ def tolerations(spec: TrainJobSpec) -> list[dict[str, str]]:
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def named_env(spec: TrainJobSpec) -> list[dict[str, str]]:
+    """The user's env after the job's name (``JOB_NAME_ENV``), for a renderer with no runtime
+    to set it (ours set it from the JobSet's label); the user's may set it otherwise."""
+    return env_list({JOB_NAME_ENV: spec.name, **spec.env})
 
 
 #: What S3 clients (botocore, s3fs) read their endpoint and credentials from.

@@ -168,11 +168,6 @@ def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
             )
 
 
-def master_address(job_name: str) -> str:
-    """Rank 0's address as the operator gives it: the master's Service ``<job>-master-0``."""
-    return f"{job_name}-master-0"
-
-
 class _Body:
     """A JSON body for ``ApiClient.deserialize``, which reads ``.data``."""
 
@@ -198,10 +193,10 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
     }
     optional_container = (
         ("args", args),
-        ("env", pod.env_list(spec.env)),
+        ("env", pod.named_env(spec)),
         ("envFrom", pod.storage_env_from(spec)),
         ("resources", pod.resource_requirements(spec.resources_per_node)),
-        ("volumeMounts", pod.volume_mounts(spec)),
+        ("volumeMounts", pod.volume_mounts(spec, shared_memory=True)),
     )
     container.update({key: value for key, value in optional_container if value})
     pod_spec: dict[str, Any] = {
@@ -212,7 +207,7 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
         ("serviceAccountName", spec.service_account),
         ("nodeSelector", dict(spec.node_selector)),
         ("tolerations", pod.tolerations(spec)),
-        ("volumes", pod.volumes(spec)),
+        ("volumes", pod.volumes(spec, shared_memory=True)),
     )
     pod_spec.update({key: value for key, value in optional_pod if value})
     body = {"metadata": {"labels": pod_labels(spec)}, "spec": pod_spec}

@@ -40,14 +40,13 @@ class EventFiles:
 
 def open_event_files(folder: str | None, resumed_step: int) -> EventFiles | None:
     """Event files in ``folder`` (None: none wanted), or None when the ``tensorboard``
-    package is missing (``torch.utils.tensorboard`` raises ImportError then). A resumed run
-    purges the events of steps after ``resumed_step``: the attempt that logged them did not
-    reach its next checkpoint, and they are trained again."""
+    package is missing (``torch.utils.tensorboard`` raises ImportError then). Every run purges
+    the events of steps after ``resumed_step`` (0 when nothing was resumed): an attempt that
+    logged them did not reach its next checkpoint, or its first, and they are trained again."""
     if folder is None:
         return None
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    purge = resumed_step + 1 if resumed_step else None
-    return EventFiles(SummaryWriter(log_dir=folder, purge_step=purge))
+    return EventFiles(SummaryWriter(log_dir=folder, purge_step=resumed_step + 1))

@@ -83,6 +83,9 @@ INIT_IMAGE = "alpine:3.10"
 INIT_MAX_TRIES = 100
 #: Marks every process of one job, so stopping it finds torchrun's workers too.
 RUN_MARKER = "KUBETRAIN_FAKE_OPERATOR_RUN"
+#: How long a container restarted in place shows CrashLoopBackOff first (the kubelet's is
+#: 10 s, doubling; a wait must not take it for a job that cannot finish).
+CRASH_LOOP_BACKOFF_SECONDS = 0.5
 POLL_SECONDS = 0.05
 STOP_GRACE_SECONDS = 5.0
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -453,6 +456,17 @@ class _Run(threading.Thread):
                     f"PyTorchJob {self.name} is restarting because 1 {node.replica_type} "
                     "replica(s) failed.",
                 )
+                # The kubelet holds a container it restarts in place in a back-off, shown as
+                # waiting CrashLoopBackOff (kubernetes pkg/kubelet/kuberuntime/
+                # kuberuntime_manager.go doBackOff, ErrCrashLoopBackOff in
+                # pkg/kubelet/container/sync_result.go), before starting it again.
+                self._set_container(
+                    node,
+                    objects.waiting("CrashLoopBackOff", "back-off restarting failed container"),
+                    "Running",
+                    last_state=ended,
+                )
+                time.sleep(CRASH_LOOP_BACKOFF_SECONDS)
                 node.last_state = None
                 node.start()
                 self._set_container(node, objects.running(), "Running", last_state=ended)

@@ -388,6 +388,14 @@ def test_malformed_records_in_a_card_are_left_out_not_a_crash():
     assert "kubetrain model report: folder:" in report.html
     for broken in ({**card, "history": "junk", "run": "junk", "metrics": "junk"}, {}):
         build_report(broken, passing(["a"]), {})
+    # times that overflow when shown in UTC, and a duration no run takes, are not recorded
+    for updated_at in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        odd = {
+            **card,
+            "run": {"updated_at": updated_at, "started_at": updated_at, "seconds": 1e300},
+        }
+        page = build_report(odd, passing(["a"]), {}).html
+        assert "0001-01-01" not in page and "9999-12-31" not in page
 
 
 def test_your_programs_report_carries_the_verdict_and_the_run():

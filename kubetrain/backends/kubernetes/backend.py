@@ -50,9 +50,9 @@ from kubetrain.backends.kubernetes.launch import (
     TrainingOperatorNotInstalled,
     adopt_or_refuse,
     check_runtime,
-    check_training_operator,
     create_or_adopt,
     node_resources,
+    require_pytorchjob_api,
     trainer_version,
 )
 from kubetrain.backends.kubernetes.logs import split_lines
@@ -182,7 +182,7 @@ class KubernetesBackend:
 
             # Before any request: names the operator could not give, initializers, env.
             check_pytorchjob_spec(spec)
-            check_training_operator(self.objects, namespace)
+            require_pytorchjob_api(self.objects, namespace)
         elif spec.max_restarts:
             raise InvalidInput(
                 "max_restarts",

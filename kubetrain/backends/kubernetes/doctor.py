@@ -67,9 +67,7 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
     from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
     from kubetrain.backends.kubernetes.launch import (
         TrainingOperatorNotInstalled,
-    )
-    from kubetrain.backends.kubernetes.launch import (
-        check_training_operator as api_served,
+        require_pytorchjob_api,
     )
 
     action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", PYTORCHJOB_CRD)
@@ -83,7 +81,7 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
         return Check("operator", False, str(TrainingOperatorNotInstalled()))
     except PermissionDenied:
         try:
-            api_served(objects, namespace)
+            require_pytorchjob_api(objects, namespace)
         except KubetrainError as exc:
             return Check("operator", False, str(exc))
         return Check(

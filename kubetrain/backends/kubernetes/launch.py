@@ -81,7 +81,7 @@ class TrainingOperatorNotInstalled(KubetrainError):
         )
 
 
-def check_training_operator(objects: KubeObjects, namespace: str) -> None:
+def require_pytorchjob_api(objects: KubeObjects, namespace: str) -> None:
     """The PyTorchJob API must be served: one list of at most one PyTorchJob (a right the
     steps have; reading the CRD needs a ClusterRole)."""
     action = Action("list", PYTORCHJOB.plural, PYTORCHJOB.group, namespace=namespace)

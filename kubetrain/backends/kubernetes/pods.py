@@ -173,9 +173,11 @@ class PodProblem:
 
 
 def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
-    """The pod's problem, if it has one. An out-of-memory kill is one only when the job may
-    not restart (``restarts_allowed``: JobSet restarts every node after it, and the job's own
-    Failed condition says when the restarts run out)."""
+    """The pod's problem, if it has one. An out-of-memory kill or a crash loop is one only
+    when the job may not restart (``restarts_allowed``: JobSet restarts every node after a
+    failure, the Training Operator restarts containers in place under ``OnFailure``, so the
+    kubelet shows CrashLoopBackOff between restarts; the job's own Failed condition says when
+    the restarts run out)."""
     index = node_index(pod)
     if index is None:
         return None
@@ -226,7 +228,7 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
                 index,
                 exit_code=ended.exit_code or 137,
             )
-    if waiting is not None and waiting.reason == "CrashLoopBackOff":
+    if waiting is not None and waiting.reason == "CrashLoopBackOff" and not restarts_allowed:
         code = exit_code(pod)
         return PodProblem(
             "CrashLoopBackOff",

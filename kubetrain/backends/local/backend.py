@@ -193,14 +193,25 @@ class LocalBackend:
                         "that long"
                     )
                 if deadline is not None and time.monotonic() > deadline:
-                    self.stop(name, CANCEL_GRACE_SECONDS)
                     raise KubetrainError(
                         f"timed out after {timeout:g}s waiting for job {name} (state "
-                        f"{status.state}); stopped its processes (its logs stay in {job_dir}); "
-                        "raise --timeout",
+                        f"{status.state}); {self.after_timeout(name)}; raise --timeout",
                         exit_code=124,
                     )
                 time.sleep(POLL_SECONDS)
+
+    def after_timeout(self, name: str) -> str:
+        """What a wait that gives up does to the job, said for its error. Alone it leaves the
+        job running, as the cluster backends do: giving up waiting is not cancelling. Under
+        `kubetrain run` (``KEEP_FILES_ENV``), whose exit handler stops the job next, it stops
+        the job's whole process tree itself, so no message points at a job that is gone."""
+        if os.environ.get(KEEP_FILES_ENV):
+            self.stop(name, CANCEL_GRACE_SECONDS)
+            return f"stopped its processes (its logs stay in {self.job_dir(name)})"
+        return (
+            f"it goes on running: `kubetrain wait {name}` follows it again, `kubetrain delete "
+            f"{name}` stops it"
+        )
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
         job_dir = self.existing_job_dir(name)

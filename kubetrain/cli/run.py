@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
@@ -29,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run prep → launch → wait → collect → evaluate → promote (when the model passes) "
             "with KFP's local runner; the training job runs as real processes, one torchrun per "
-            "node, with the PET_* environment Kubeflow Trainer would inject. Ends with a "
-            "summary: test accuracy, time, and where the model, metrics and promoted model are."
+            "node, with the PET_* environment Kubeflow Trainer would inject, or with --backend "
+            "trainer|pytorchjob|job on your kubeconfig's cluster. Ends with a summary: test "
+            "accuracy, time, and where the model, metrics and promoted model are."
         ),
     )
     parser.add_argument(
@@ -100,6 +102,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="model registry folder a passing model is promoted into (as version <run>); "
         "default OUTPUT/registry (a local folder or file:// URL)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=BACKENDS,
+        help="where the training job runs while the steps run here: local (processes on this "
+        "machine, default), or on the cluster of your kubeconfig as a TrainJob (trainer), a "
+        "PyTorchJob (pytorchjob) or an Indexed Job (job), which needs --storage its pods reach",
+    )
+    parser.add_argument(
+        "--namespace",
+        default="",
+        help="the cluster backends' namespace; default: the kubeconfig context's",
+    )
+    parser.add_argument(
+        "--image",
+        default="",
+        help="the cluster backends' image (with kubetrain and your code); default: ours",
+    )
+    parser.add_argument(
+        "--storage-secret",
+        default="",
+        metavar="NAME",
+        help="the cluster backends' Secret with the object storage's AWS_* keys, given to the "
+        "job's pods as env by reference; default none (the cluster's workload identity)",
     )
     parser.add_argument(
         "--storage",
@@ -188,6 +215,21 @@ def validate_arguments(args: argparse.Namespace) -> None:
         raise InvalidInput("--script", f"{args.script} is not a file", "give your script's path")
     if args.storage:
         storage.resolve(args.storage, "--storage")
+    if args.backend != "local" and (not args.storage or storage.is_local(args.storage)):
+        where = f"{args.storage} is on this machine" if args.storage else "it is not given"
+        raise InvalidInput(
+            "--storage",
+            f"{where}: the dataset, checkpoints and model must be where --backend "
+            f"{args.backend}'s pods and this machine both reach them",
+            "give object storage, e.g. --storage s3://bucket/runs, and its keys to the pods "
+            "with --storage-secret NAME (or the cluster's workload identity)",
+        )
+    if args.storage_secret:
+        check_value("storage_secret", args.storage_secret, "--storage-secret")
+    if args.image:
+        check_value("image", args.image, "--image")
+    if args.namespace:
+        check_value("namespace", args.namespace, "--namespace")
     registry_folder(args)  # promote publishes local folders only
 
 
@@ -230,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kubetrain import storage
     from kubetrain.backends.local.supervisor import program_path
-    from kubetrain.pipelines.training_pipeline import training_pipeline
+    from kubetrain.pipelines.training_pipeline import build_training_pipeline
 
     # Our component image is a Python image; KFP guesses from its name that it may not be.
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
@@ -249,9 +291,12 @@ def run(args: argparse.Namespace) -> int:
         kfp_output_shaped(view),
     ):
         try:
-            training_pipeline(
-                # the job runs here, as processes the steps start, not on a cluster
-                backend="local",
+            build_training_pipeline(args.storage_secret)(
+                # local: the job runs here, as processes the launch step starts
+                backend=args.backend,
+                namespace=args.namespace,
+                image=args.image,
+                shared_pvc="",  # no claim here: a cluster job reads and writes --storage
                 dataset_source=args.dataset,
                 seed=args.seed,
                 nodes=args.nodes,
@@ -285,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
     steps = pipeline_root / run_name
     launched = step_parameters(steps, "launch-trainjob")
     events = tensorboard_events(launched["checkpoint_dir"], steps)
-    print(job_folder_outcome(launched["job_name"], args.keep_job))
+    if args.backend == "local":  # a cluster job's pods and records go with the job
+        print(job_folder_outcome(launched["job_name"], args.keep_job))
     evaluation = step_parameters(steps, "evaluate-model")
     accuracy, passed = evaluation["accuracy"], evaluation["passed"]
     verdict = "passed" if passed else "below threshold"

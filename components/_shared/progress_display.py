@@ -99,7 +99,7 @@ class ProgressDisplay:
         self._bar.update(
             self._task,
             completed=record.fraction(),
-            description=f"epoch {record.epoch}/{record.epochs}",
+            description=f"{self.indent}epoch {record.epoch}/{record.epochs}",
             batch=f"batch {record.batch}/{record.batches}",
             loss=f"loss {record.loss:.4f}",
             rate=f"{record.samples_per_second:,.0f} samples/s",

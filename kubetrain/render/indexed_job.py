@@ -164,13 +164,7 @@ def _pod_spec(spec: TrainJobSpec) -> dict[str, Any]:
         "securityContext": pod.pod_security_context(),
         "containers": [container],
     }
-    optional = (
-        ("serviceAccountName", spec.service_account),
-        ("nodeSelector", dict(spec.node_selector)),
-        ("tolerations", pod.tolerations(spec)),
-        ("volumes", pod.volumes(spec, shared_memory=True)),
-    )
-    pod_spec.update({key: value for key, value in optional if value})
+    pod_spec.update(pod.placement_and_volumes(spec))
     return pod_spec
 
 

@@ -94,6 +94,18 @@ def volumes(spec: TrainJobSpec, shared_memory: bool = False) -> list[dict[str, A
     return rendered
 
 
+def placement_and_volumes(spec: TrainJobSpec) -> dict[str, Any]:
+    """The pod spec's service account, node selector, tolerations and volumes (a GPU pod's
+    /dev/shm included), those set only, for a renderer that builds the whole pod."""
+    optional = (
+        ("serviceAccountName", spec.service_account),
+        ("nodeSelector", dict(spec.node_selector)),
+        ("tolerations", tolerations(spec)),
+        ("volumes", volumes(spec, shared_memory=True)),
+    )
+    return {key: value for key, value in optional if value}
+
+
 def volume_mounts(spec: TrainJobSpec, shared_memory: bool = False) -> list[dict[str, Any]]:
     mounts = [
         {

@@ -203,12 +203,6 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
         "securityContext": pod.pod_security_context(),
         "containers": [container],
     }
-    optional_pod = (
-        ("serviceAccountName", spec.service_account),
-        ("nodeSelector", dict(spec.node_selector)),
-        ("tolerations", pod.tolerations(spec)),
-        ("volumes", pod.volumes(spec, shared_memory=True)),
-    )
-    pod_spec.update({key: value for key, value in optional_pod if value})
+    pod_spec.update(pod.placement_and_volumes(spec))
     body = {"metadata": {"labels": pod_labels(spec)}, "spec": pod_spec}
     return _model(body, "V1PodTemplateSpec")

@@ -42,6 +42,7 @@ from kubetrain.backends.local.files import node_log
 from kubetrain.backends.local.log_tail import LogTail
 from kubetrain.jobspec import TrainJobSpec
 from tests.support import objects, trainer_build
+from tests.support.controller import FakeController
 from tests.support.emulator import KubeEmulator, resource_of
 from tests.support.kube_api import api_error
 from tests.support.trainer_build import BuildError, TrainerPods
@@ -255,7 +256,7 @@ class _Run(threading.Thread):
                     pass
 
 
-class FakeTrainer:
+class FakeTrainer(FakeController):
     """Runs what is submitted to ``emulator`` until ``stop()``; use as a context manager."""
 
     def __init__(self, emulator: KubeEmulator, root: str | Path, webhook: bool = True) -> None:
@@ -278,22 +279,6 @@ class FakeTrainer:
             self.emulator.call(self.emulator.api.admission.append, self._validate)
         self._thread.start()
         return self
-
-    def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-        if self.webhook:
-            self.emulator.call(self.emulator.api.admission.remove, self._validate)
-        self._events.put(None)
-        self._thread.join(timeout=30)
-        for run in list(self.runs.values()):
-            run.stop()
-
-    def __enter__(self) -> FakeTrainer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _dispatch(self) -> None:
         while (item := self._events.get()) is not None:

@@ -63,6 +63,7 @@ from typing import Any
 from kubetrain.backends.local.log_tail import LogTail
 from kubetrain.backends.local.processes import stop_marked_processes
 from tests.support import objects, trainer_build
+from tests.support.controller import FakeController
 from tests.support.emulator import KubeEmulator
 from tests.support.kube_api import api_error, now_iso
 
@@ -564,7 +565,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class FakeTrainingOperator:
+class FakeTrainingOperator(FakeController):
     """Plays the Training Operator for PyTorchJobs on ``emulator`` until ``stop()``; use as a
     context manager. ``install`` serves the release-1.9 CRD first."""
 
@@ -591,22 +592,6 @@ class FakeTrainingOperator:
             self.emulator.call(self.emulator.api.admission.append, self._validate)
         self._thread.start()
         return self
-
-    def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-        if self.webhook:
-            self.emulator.call(self.emulator.api.admission.remove, self._validate)
-        self._events.put(None)
-        self._thread.join(timeout=30)
-        for run in list(self.runs.values()):
-            run.stop()
-
-    def __enter__(self) -> FakeTrainingOperator:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _dispatch(self) -> None:
         while (event := self._events.get()) is not None:

@@ -51,7 +51,7 @@ def render_indexed_job(
     script's ConfigMap comes from ``render_script_configmap`` and must exist first."""
     spec = spec.validate()
     validate_namespace(namespace)
-    _refuse_trainer_only_fields(spec)
+    pod.refuse_initializers(spec, "the job backend")
     _check_hostname_length(spec)
     return [_service(spec, namespace, owner), _job(spec, namespace, owner)]
 
@@ -59,19 +59,6 @@ def render_indexed_job(
 def master_address(job_name: str) -> str:
     """Rank 0's DNS name: pod hostname ``<job>-0`` under the Service ``<job>``."""
     return f"{job_name}-0.{job_name}"
-
-
-def _refuse_trainer_only_fields(spec: TrainJobSpec) -> None:
-    for field_name, value in (
-        ("dataset_initializer", spec.dataset_initializer),
-        ("model_initializer", spec.model_initializer),
-    ):
-        if value is not None:
-            raise InvalidInput(
-                field_name,
-                "needs Kubeflow Trainer's initializers, which the job backend does not have",
-                "use --backend trainer, or fetch the data onto a --volume with `kubetrain prep`",
-            )
 
 
 def _check_hostname_length(spec: TrainJobSpec) -> None:

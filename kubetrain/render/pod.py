@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Resources, TrainJobSpec
 from kubetrain.names import JOB_NAME_ENV
 from kubetrain.render.script import script_volume, script_volume_mount
@@ -92,6 +93,20 @@ def volumes(spec: TrainJobSpec, shared_memory: bool = False) -> list[dict[str, A
     if shared_memory and wants_shared_memory(spec):
         rendered.append(SHARED_MEMORY_VOLUME)
     return rendered
+
+
+def refuse_initializers(spec: TrainJobSpec, kind: str) -> None:
+    """Kubeflow Trainer's dataset and model initializers, which ``kind`` does not have."""
+    for field_name, value in (
+        ("dataset_initializer", spec.dataset_initializer),
+        ("model_initializer", spec.model_initializer),
+    ):
+        if value is not None:
+            raise InvalidInput(
+                field_name,
+                f"needs Kubeflow Trainer's initializers, which {kind} does not have",
+                "use --backend trainer, or fetch the data onto a --volume with `kubetrain prep`",
+            )
 
 
 def placement_and_volumes(spec: TrainJobSpec) -> dict[str, Any]:

@@ -148,16 +148,7 @@ def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
     operator could not give its pods and Services, the Trainer's initializers, and env the
     operator would silently override."""
     rules.pytorchjob_replica_names(spec.name, spec.num_nodes, "name")
-    for field_name, value in (
-        ("dataset_initializer", spec.dataset_initializer),
-        ("model_initializer", spec.model_initializer),
-    ):
-        if value is not None:
-            raise InvalidInput(
-                field_name,
-                "needs Kubeflow Trainer's initializers, which a PyTorchJob does not have",
-                "use --backend trainer, or fetch the data onto a --volume with `kubetrain prep`",
-            )
+    pod.refuse_initializers(spec, "a PyTorchJob")
     for key in spec.env:
         if key in OPERATOR_ENV:
             raise InvalidInput(

@@ -114,6 +114,19 @@ def test_on_a_terminal_records_draw_a_live_bar_and_other_lines_print_above_it(mo
     assert PREFIX not in shown
 
 
+def test_the_bar_under_a_line_is_the_newest_record_not_one_a_refresh_behind(monkeypatch):
+    """Short epochs (digits: 0.3 s) end faster than a timed refresh; the bar redrawn under an
+    epoch's line must be that epoch's, as seen in tmux (it showed the epoch before)."""
+    monkeypatch.delenv(MODE_VARIABLE, raising=False)
+    out = Terminal()
+    with ProgressDisplay(out) as display:
+        for epoch in (1, 2, 3):
+            display.feed(format_record(Progress(epoch, 10, 21, 21, 21 * epoch, 0.5, 900.0)))
+            display.feed(f"epoch {epoch}/10 step {21 * epoch} loss 0.5")
+            shown = out.getvalue()
+            assert f"epoch {epoch}/10" in shown[shown.rindex(f"epoch {epoch}/10 step") + 20 :]
+
+
 def test_no_color_keeps_the_bar_but_not_its_colours(monkeypatch):
     monkeypatch.delenv(MODE_VARIABLE, raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)

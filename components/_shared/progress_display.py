@@ -104,6 +104,7 @@ class ProgressDisplay:
             loss=f"loss {record.loss:.4f}",
             rate=f"{record.samples_per_second:,.0f} samples/s",
             eta=eta,
+            refresh=True,  # drawn now: a print above the bar shows its last drawn state
         )
 
 
@@ -122,7 +123,7 @@ def _start_bar(stream: TextIO) -> tuple[RichProgress, int]:
         TextColumn("{task.fields[eta]}"),
         console=Console(file=stream),
         transient=True,
-        refresh_per_second=4,
+        auto_refresh=False,  # nothing moves between records; each record draws the bar
     )
     task = bar.add_task("", total=1.0, batch="", loss="", rate="", eta="")
     bar.start()

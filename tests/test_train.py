@@ -432,6 +432,29 @@ def test_a_long_epoch_logs_a_record_at_least_a_minute_for_the_stall_check(
     assert records[0].eta_seconds == 60 / 120 * (1000 - 120 + 7 * 1000)
 
 
+def test_the_eta_counts_whole_epochs_validation_and_checkpoints_included(
+    monkeypatch, capsys
+) -> None:
+    """Once an epoch has ended, the epochs to come are estimated at the wall time an epoch
+    took (seen in tmux: digits' 0.1 s of batches and 0.4 s of validation and checkpoint per
+    epoch gave 'eta 4s' with 25 s to go). A resumed process counts only its own epochs."""
+    from kubetrain.progress import parse_record
+    from kubetrain.train import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress.PlainReporter, "RECORD_SECONDS", 3600.0)  # epoch ends only
+    reporter = progress.PlainReporter()
+    for epoch in (4, 5, 6):  # resumed at epoch 4 of 10
+        reporter.start_epoch(epoch, 10, 10)
+        for _ in range(10):  # 1 s of batches
+            clock[0] += 0.1
+            reporter.advance(lambda: progress.SoFar(step=1, loss=0.5, samples=32))
+        clock[0] += 4.0  # validation and a checkpoint
+    etas = [parse_record(line).eta_seconds for line in capsys.readouterr().out.splitlines()]
+    assert etas == [round(1.0 * 6, 1), 5.0 * 5, 5.0 * 4]
+
+
 def test_a_40_epoch_run_keeps_at_most_n_checkpoints(digits_dir: Path, tmp_path: Path) -> None:
     """Issue 18 (3): retention holds through a long run: each epoch deletes only what is older
     than the checkpoint LATEST named before it (a reader may hold that one), so N stay at the

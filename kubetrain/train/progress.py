@@ -66,10 +66,16 @@ class PlainReporter:
         self._world_size = world_size
         self._epoch = self._epochs = self._batches = self._done = 0
         self._epoch_started = self._last_line = time.monotonic()
+        #: When and at which epoch this process began training (a resumed run starts late).
+        self._first_epoch: int | None = None
+        self._first_epoch_started = 0.0
 
     def start_epoch(self, epoch: int, epochs: int, batches: int) -> None:
+        now = time.monotonic()
+        if self._first_epoch is None:
+            self._first_epoch, self._first_epoch_started = epoch, now
         self._epoch, self._epochs, self._batches, self._done = epoch, epochs, batches, 0
-        self._epoch_started = time.monotonic()
+        self._epoch_started = now
 
     def advance(self, so_far: Callable[[], SoFar]) -> None:
         self._done += 1
@@ -80,9 +86,20 @@ class PlainReporter:
 
     def _progress(self, so_far: SoFar) -> Progress:
         """The record: rates from rank 0's time since the epoch began (read after ``so_far``,
-        which waited for the device), the ETA from this epoch's time per batch."""
-        elapsed = max(time.monotonic() - self._epoch_started, 1e-9)
-        remaining = self._batches - self._done + (self._epochs - self._epoch) * self._batches
+        which waited for the device), the ETA from the rest of this epoch at its time per
+        batch plus the epochs to come at the wall time a whole epoch took here (validation and
+        checkpoints included, which a per-batch estimate leaves out), or at this epoch's time
+        per batch while none has ended yet."""
+        now = time.monotonic()
+        elapsed = max(now - self._epoch_started, 1e-9)
+        per_batch = elapsed / self._done
+        epochs_ended = self._epoch - (self._first_epoch or self._epoch)
+        per_epoch = (
+            (self._epoch_started - self._first_epoch_started) / epochs_ended
+            if epochs_ended > 0
+            else per_batch * self._batches
+        )
+        eta = per_batch * (self._batches - self._done) + per_epoch * (self._epochs - self._epoch)
         return Progress(
             epoch=self._epoch,
             epochs=self._epochs,
@@ -91,7 +108,7 @@ class PlainReporter:
             step=so_far.step,
             loss=round(so_far.loss, 6),  # short lines: a display shows 4 digits
             samples_per_second=round(so_far.samples / elapsed * self._world_size, 1),
-            eta_seconds=round(elapsed / self._done * remaining, 1),
+            eta_seconds=round(eta, 1),
         )
 
     def line(self, text: str) -> None:

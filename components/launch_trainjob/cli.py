@@ -7,6 +7,7 @@ function (``request_from_args``), so what is rendered is exactly what would be l
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components._shared.program import add_program_arguments, program_from_args
@@ -314,8 +315,8 @@ def run(args: argparse.Namespace) -> int:
     from kubetrain.components.launch_trainjob.launch import launch
 
     result = launch(request_from_args(args), backend=args.backend, options=backend_options(args))
-    if result.checkpoint_dir:
-        print(f"checkpoints: {result.checkpoint_dir}")
+    if result.checkpoint_dir:  # stdout is the job name alone: JOB=$(kubetrain launch ...)
+        print(f"checkpoints: {result.checkpoint_dir}", file=sys.stderr)
     write_output_parameters(
         args.output_parameters,
         {"job_name": result.job_name, "checkpoint_dir": result.checkpoint_dir},

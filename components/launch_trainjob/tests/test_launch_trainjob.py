@@ -194,4 +194,7 @@ def test_a_users_program_runs_in_its_checkpoint_folder_and_is_told_the_folders(
         "cwd": str(checkpoints),
     }
     assert not (workspace / "model.pt").exists()
+    out, err = capsys.readouterr()
+    assert out == "own-program\n"  # JOB=$(kubetrain launch ...) gets the name alone
+    assert f"checkpoints: {checkpoints}" in err
     LocalBackend().delete("own-program")

@@ -91,4 +91,5 @@ def test_a_failing_node_fails_wait_with_its_exit_code_and_last_lines(trainer_clu
         wait_for_job(name, backend=backend, on_log_line=lines.append)
     assert failed.value.exit_code == 3
     assert lines == ["node 0 of 2"]
-    assert "last 1 lines of node 1:\nnode 1 of 2" in str(failed.value)
+    assert failed.value.log_tail == ["last 1 lines of node 1:", "node 1 of 2"]
+    assert "\n" not in str(failed.value)

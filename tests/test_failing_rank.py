@@ -221,7 +221,7 @@ def local_root(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp_path):
+def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp_path, capfd):
     """Real torchrun processes, 2 nodes x 2: rank 2 (node 1) raises while the others wait in
     an all_reduce; the wait error leads with rank 2's exception, not node 0's gloo noise."""
     (tmp_path / "crash.py").write_text(CRASH_ON_RANK_2)
@@ -248,6 +248,19 @@ def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp
     cause = error.split(";")[0]
     assert "node 1 exited with code 1: [rank 2] RuntimeError: boom on rank 2" in cause, error
     assert "closed by peer" not in error, error
+    assert waited.stderr.rstrip().splitlines()[-1] == error.rstrip(), "the cause comes last"
+    assert "last 20 lines of node 1:" in waited.stderr[: waited.stderr.index(error)]
+
+    # The KFP face: `kubetrain run` takes a failed step's cause from its last line (it read
+    # the "=====" closing torchrun's report when the node's tail came after the cause).
+    from kubetrain.cli.run_output import Step
+    from kubetrain.components.wait_trainjob.component import wait_trainjob
+
+    with pytest.raises(SystemExit) as exited:
+        wait_trainjob.python_func(job_name=name, backend="local")
+    assert exited.value.code == 1
+    step = Step("wait-trainjob", 0.0, capfd.readouterr().err.splitlines())
+    assert "[rank 2] RuntimeError: boom on rank 2" in step.cause(), step.lines[-3:]
 
 
 def test_a_cluster_wait_names_the_rank_that_failed_first_from_the_failed_nodes_logs(k8s):

@@ -56,7 +56,7 @@ def wait_trainjob(
                 stall_timeout_seconds=stall_timeout_seconds,
             )
     except JobFailed as failure:
-        print(failure, file=sys.stderr, flush=True)
+        print(failure.report(), file=sys.stderr, flush=True)
         raise SystemExit(failure.exit_code) from None
     return namedtuple("WaitOutputs", ["state", "duration_seconds", "checkpoint_dir"])(
         result.state, result.duration_seconds, checkpoint_dir

@@ -40,7 +40,10 @@ class WaitResult:
 
 
 class JobFailed(KubetrainError):
-    """The job ended Failed; the exit code is the failing node's (128+N for signal N)."""
+    """The job ended Failed; the exit code is the failing node's (128+N for signal N). Its
+    message is one line, the cause (the failing rank's exception where a log names it);
+    ``log_tail`` holds the failing node's last lines, which a face prints before that line so
+    a step's log (and `kubetrain run`'s cause, its last line) ends with the cause."""
 
     def __init__(self, status: JobStatus, last_lines: list[str]) -> None:
         node = status.failed_node
@@ -54,10 +57,17 @@ class JobFailed(KubetrainError):
         if cause := root_cause(last_lines):
             message += f"; torchrun: {cause}"
         shown = last_lines[-FAILURE_LOG_LINES:]
-        if node is not None and shown:
-            message += f"\nlast {len(shown)} lines of node {node.rank}:\n" + "\n".join(shown)
+        self.log_tail = (
+            [f"last {len(shown)} lines of node {node.rank}:", *shown]
+            if node is not None and shown
+            else []
+        )
         super().__init__(message, exit_code=exit_code)
         self.status = status
+
+    def report(self) -> str:
+        """The node's last lines, then the cause: what a face prints."""
+        return "\n".join([*self.log_tail, str(self)])
 
 
 def last_log_lines(

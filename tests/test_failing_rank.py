@@ -9,6 +9,7 @@ the excepthook ``init_process_group`` installs (``torch/distributed/distributed_
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -181,6 +182,21 @@ def test_the_rank_that_failed_by_itself_is_chosen_over_the_peers_it_took_down():
     # Only the peers' noise: that is what there is to say.
     node, failure = first_failure({0: node_0_peer_closed()})
     assert (node, failure.rank, failure.consequence) == (0, 1, True)
+
+
+def test_a_node_stopped_after_its_own_rank_failed_exits_1_not_with_our_sigterm(tmp_path):
+    """Node 0 exited first on a peer's going away; the supervisor then stopped node 1 with
+    SIGTERM, but node 1's rank 2 had failed by itself: the job fails with torchrun's code 1
+    (wait's exit code), not 143 for a signal we sent."""
+    (tmp_path / "node-0.log").write_text("\n".join(node_0_peer_closed()) + "\n")
+    (tmp_path / "node-1.log").write_text("\n".join(node_1_plain()) + "\n")
+    nodes = [NodeStatus(rank=0, exit_code=1), NodeStatus(rank=1, exit_code=-signal.SIGTERM)]
+    status = JobStatus(name="job", state=FAILED, nodes=nodes, failed_rank=0)
+
+    message = name_failing_rank(tmp_path, status, [0, 0])
+
+    assert message == "node 1 exited with code 1: [rank 2] RuntimeError: boom on rank 2"
+    assert (status.failed_rank, status.failed_node.exit_code) == (1, 1)
 
 
 def test_the_local_job_fails_on_the_node_whose_rank_failed_first_in_this_attempt(tmp_path):

@@ -148,6 +148,10 @@ def name_failing_rank(job_dir: Path, status: JobStatus, attempt_starts: list[int
         status.failed_rank = rank
     node = status.failed_node
     code = node.exit_code if node is not None and node.exit_code is not None else 1
+    if node is not None and failure.exit_code is not None and code == -signal.SIGTERM:
+        # Its rank had failed by itself, but another node exited first and we stopped this
+        # one: its code is the one torchrun exits with for a failed worker, not our SIGTERM.
+        node.exit_code = code = 1
     where = ": " if rank == status.failed_rank else f"; on node {rank}: "
     return f"node {status.failed_rank} {describe_code(code)}{where}{failure.describe()}"
 

@@ -385,6 +385,16 @@ def test_build_model_rejects_bad_specs(spec: str, problem: str) -> None:
     assert "use mlp, cnn or package.module:callable" in str(exc.value)
 
 
+def test_a_factory_that_raises_is_named_as_the_users_code_not_a_bug_of_ours() -> None:
+    """`--model json:dumps` (a callable of the wrong kind) raised TypeError inside the trainer
+    and was reported as 'internal error ... a bug in kubetrain'."""
+    with pytest.raises(InvalidInput) as exc:
+        build_model("json:dumps", [1, 8, 8], 10)
+    assert exc.value.field == "--model"
+    assert "json:dumps([1, 8, 8], 10) raised TypeError" in str(exc.value)
+    assert "callable(sample_shape, num_classes)" in str(exc.value)
+
+
 def test_cnn_refuses_flat_samples() -> None:
     with pytest.raises(InvalidInput, match="channels, height, width"):
         build_model("cnn", [64], 10)

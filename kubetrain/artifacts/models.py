@@ -17,7 +17,7 @@ from torch import nn
 
 from kubetrain.artifacts.manifest import check_model_code
 from kubetrain.callables import import_callable
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, refusal_reason
 from kubetrain.training_choices import MODEL_FIX
 
 HIDDEN = 128
@@ -71,7 +71,15 @@ def build_model(
     if ":" not in spec:
         raise InvalidInput(option, f"unknown model {spec!r}", MODEL_FIX)
     factory = import_callable(spec, option, MODEL_FIX)
-    model = factory(shape, int(num_classes))
+    try:
+        model = factory(shape, int(num_classes))
+    except Exception as exc:  # the user's code: say so, not "a bug in kubetrain"
+        raise InvalidInput(
+            option,
+            f"{spec}({shape}, {int(num_classes)}) raised {type(exc).__name__}: "
+            f"{refusal_reason(exc)}",
+            "fix that callable; it is called as callable(sample_shape, num_classes)",
+        ) from exc
     if not isinstance(model, nn.Module):
         raise InvalidInput(
             option, f"{spec} returned {type(model).__name__}, not a torch.nn.Module", MODEL_FIX

@@ -205,6 +205,11 @@ def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     assert summary_accuracy(result.stdout) >= 0.95
     model_dir = Path(re.search(r"^model\s+(\S+)", result.stdout, re.MULTILINE).group(1))
     assert (model_dir / "model.safetensors").is_file()
+    # every path the summary names exists (metrics named an artifact the runner never wrote)
+    metrics = Path(re.search(r"^metrics\s+(\S+)", result.stdout, re.MULTILINE).group(1))
+    figures = json.loads(metrics.read_text())
+    assert round(figures["accuracy"], 3) == summary_accuracy(result.stdout)
+    assert set(figures) == {"accuracy", "loss", "test_samples"}
     # the training really ran as two nodes, each a torchrun of its own
     (job,) = (tmp_path / "jobs").iterdir()
     assert sorted(p.name for p in job.glob("node-*.log")) == ["node-0.log", "node-1.log"]

@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
     print(f"time     {elapsed:.1f}s")
     print(f"model    {storage.dereference(str(steps / 'collect-checkpoint' / 'model'))}")
-    print(f"metrics  {steps / 'evaluate-model' / 'metrics'}")
+    print(f"metrics  {publish_metrics(steps)}")
     print(f"report   {publish_report(str(steps / 'evaluate-model' / 'report'))}")
     if events is not None:
         print(f"events   {events} (tensorboard --logdir)")
@@ -510,6 +510,18 @@ def stopped_whole_on_interrupt(pipeline_root: Path) -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.environ.pop(RUN_ID_ENV, None)
+
+
+def publish_metrics(steps: Path) -> Path:
+    """The evaluate step's KFP Metrics as ``metrics.json`` in the run's folder: the local
+    runner keeps a Metrics artifact's figures only as metadata in the step's executor output,
+    and writes no file at the artifact's path."""
+    from kubetrain.storage import atomic  # the storage package: not for --help
+
+    outputs = json.loads((steps / "evaluate-model" / EXECUTOR_OUTPUT).read_text())["artifacts"]
+    target = steps / "metrics.json"
+    atomic.write_json(target, outputs["metrics"]["artifacts"][0]["metadata"])
+    return target
 
 
 def publish_report(artifact_path: str) -> Path:

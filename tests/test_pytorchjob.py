@@ -323,6 +323,49 @@ def test_early_failure_from_a_pod_that_cannot_pull_its_image(operator_cluster):
     assert status.failed_rank == 0 and emulator.get("pytorchjobs", "pull") is None
 
 
+@pytest.mark.parametrize(
+    ("init_state", "phase", "reason", "said"),
+    [
+        (
+            objects.waiting("ImagePullBackOff", "Back-off pulling image alpine:3.10"),
+            "Pending",
+            "ImagePullBackOff",
+            "node 1's init container init-pytorch cannot pull image alpine:3.10",
+        ),
+        (
+            objects.terminated(1),
+            "Failed",
+            "InitContainerFailed",
+            "node 1's init container init-pytorch exited with code 1 before the node started "
+            "(it waits ~200 s for the master's Service)",
+        ),
+    ],
+)
+def test_a_worker_held_back_by_the_operators_init_container_fails_early(
+    operator_cluster, init_state, phase, reason, said
+):
+    """The operator's init-pytorch (alpine:3.10, nslookup of the master's Service, exit 1
+    after 100 tries) stands before the pytorch container: its pull failure or its exit is
+    the cause (wait hung on an init container's ImagePullBackOff, which it did not read)."""
+    emulator = operator_cluster.emulator
+    backend = operator_cluster.backend("pytorchjob", image_pull_grace=0.0)
+    backend.launch(TrainJobSpec(name="init", command=("sleep", "60"), num_nodes=2, suspend=True))
+    from tests.support.fake_training_operator import defaulted, operator_pod
+
+    emulator.create_pod(operator_pod(defaulted(emulator.get("pytorchjobs", "init")), "Worker", 0))
+    status = objects.pod_status(
+        phase,
+        [objects.container_status("img", objects.waiting("PodInitializing"), name="pytorch")],
+    )
+    status["initContainerStatuses"] = [
+        objects.container_status("alpine:3.10", init_state, name="init-pytorch")
+    ]
+    emulator.set_pod_status("init-worker-0", status)
+    ended = backend.wait("init", 30, None)
+    assert (ended.state, ended.reason, ended.failed_rank) == (FAILED, reason, 1)
+    assert said in ended.message
+
+
 def test_cli_launch_wait_logs_list_delete(operator_cluster, capsys):
     emulator = operator_cluster.emulator
     code = "import os, time; r = os.environ['RANK']; print('hi from', r); time.sleep(r == '0')"

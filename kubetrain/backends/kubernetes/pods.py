@@ -26,6 +26,8 @@ PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "Regist
 #: Waiting reasons of a container the kubelet cannot create (a missing Secret/ConfigMap...).
 CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
 OOM = "OOMKilled"
+#: The init container the Training Operator adds to PyTorchJob workers.
+INIT_PYTORCH = "init-pytorch"
 
 
 def list_job_pods(objects: KubeObjects, kind: JobKind, namespace: str, name: str) -> list[V1Pod]:
@@ -172,6 +174,47 @@ class PodProblem:
     exit_code: int | None = None
 
 
+def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> PodProblem | None:
+    """An init container that holds the node back: one whose image cannot be pulled, or one
+    that failed. The Training Operator gives PyTorchJob workers ``init-pytorch``, which looks
+    up the master's Service 100 times, 2 s apart, then exits 1 (training-operator v1.9.0
+    ``pkg/controller.v1/pytorch/initcontainer.go``, image ``alpine:3.10`` from ``config.go``):
+    a master not Ready in ~200 s (a large image, a node scaling up) fails the worker there,
+    before the ``pytorch`` container ever starts."""
+    name = pod.metadata.name
+    for status in (pod.status.init_container_statuses if pod.status else None) or []:
+        state = status.state
+        waiting = state.waiting if state is not None else None
+        if waiting is not None and waiting.reason in PULL_REASONS + ("InvalidImageName",):
+            detail = f": {waiting.message}" if waiting.message else ""
+            return PodProblem(
+                waiting.reason,
+                f"node {index}'s init container {status.name} cannot pull image "
+                f"{status.image} ({waiting.reason}){detail}",
+                name,
+                index,
+                grace="" if waiting.reason == "InvalidImageName" else "image_pull",
+            )
+        ended = state.terminated if state is not None else None
+        if ended is None and status.last_state is not None:
+            ended = status.last_state.terminated
+        if ended is not None and ended.exit_code and not restarts_allowed:
+            return PodProblem(
+                "InitContainerFailed",
+                f"node {index}'s init container {status.name} exited with code "
+                f"{ended.exit_code} before the node started"
+                + (
+                    " (it waits ~200 s for the master's Service)"
+                    if status.name == INIT_PYTORCH
+                    else ""
+                ),
+                name,
+                index,
+                exit_code=ended.exit_code,
+            )
+    return None
+
+
 def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
     """The pod's problem, if it has one. An out-of-memory kill or a crash loop is one only
     when the job may not restart (``restarts_allowed``: JobSet restarts every node after a
@@ -195,6 +238,8 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
                 index,
                 grace="unschedulable",
             )
+    if (problem := _init_container_problem(pod, index, restarts_allowed)) is not None:
+        return problem
     status = node_container(pod)
     if status is None or status.state is None:
         return None

@@ -134,6 +134,15 @@ def test_master_and_workers_run_container_pytorch_with_the_operators_port():
     assert list(one) == ["Master"], "no Worker spec for one node"
 
 
+def test_every_pod_opts_out_of_istio_as_the_sdk_does():
+    """A sidecar outliving `pytorch` would keep the master Running: the job never succeeds."""
+    job = render_pytorchjob(TrainJobSpec(name="istio", command=("true",), num_nodes=3))
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["template"]["metadata"]["annotations"] == {
+            "sidecar.istio.io/inject": "false"
+        }
+
+
 def test_restarts_become_on_failure_and_a_backoff_limit_for_every_node():
     job = render_pytorchjob(spec(num_nodes=3, max_restarts=2, suspend=True))
     assert job["spec"]["runPolicy"] == {

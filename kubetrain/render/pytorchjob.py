@@ -65,6 +65,7 @@ import json
 from typing import Any
 
 from kubeflow.training.api_client import ApiClient
+from kubeflow.training.constants.constants import ISTIO_SIDECAR_INJECTION
 from kubeflow.training.models import (
     KubeflowOrgV1PyTorchJob,
     KubeflowOrgV1PyTorchJobSpec,
@@ -195,5 +196,10 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
         "containers": [container],
     }
     pod_spec.update(pod.placement_and_volumes(spec))
-    body = {"metadata": {"labels": pod_labels(spec)}, "spec": pod_spec}
+    # The kubeflow-training SDK's own rule for every PyTorchJob pod (1.9
+    # kubeflow/training/utils/utils.py get_pod_template_spec): in a Kubeflow profile namespace
+    # an injected Istio sidecar keeps the master pod Running after `pytorch` exits, so the job
+    # would never succeed.
+    metadata = {"labels": pod_labels(spec), "annotations": {ISTIO_SIDECAR_INJECTION: "false"}}
+    body = {"metadata": metadata, "spec": pod_spec}
     return _model(body, "V1PodTemplateSpec")

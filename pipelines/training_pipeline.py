@@ -82,8 +82,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         command: Optional[list] = None,  # noqa: UP045 (KFP reads the annotation)
         script: str = "",
     ):
-        # `backend` trainer (a TrainJob) or job (an Indexed Job) runs on the cluster; local runs the
-        # job inside the launch pod, for `kubetrain run`, which passes it. `namespace` empty: the
+        # `backend` trainer (a TrainJob), pytorchjob (a Training Operator v1 PyTorchJob) or job
+        # (an Indexed Job) runs on the cluster; local runs the job inside the launch pod, for
+        # `kubetrain run`, which passes it. `namespace` empty: the
         # steps' own namespace (the run's), where the shared claim is.
         # `command` (a list) runs your program instead of our trainer, in its checkpoint folder with
         # KUBETRAIN_DATA_DIR/KUBETRAIN_CHECKPOINT_DIR set; `model` then names the factory

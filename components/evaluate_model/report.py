@@ -356,8 +356,9 @@ def _date(text: Any) -> str | None:
 
 
 def run_rows(card: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
-    """The run's name (the card's ``run.job``, else ``name``: the model folder's), its date
-    (``run.updated_at``, the last checkpoint's save, else now: the evaluation's) and duration."""
+    """The run's name (the card's ``run.job``, else ``name``: the model folder's), when it
+    started and finished (``run.started_at``; ``run.updated_at``, the last checkpoint's save,
+    else a date that is now, the evaluation's) and its training time."""
     run = card.get("run") if isinstance(card.get("run"), Mapping) else {}
     job = run.get("job") if isinstance(run.get("job"), str) and run.get("job") else None
     trained, started = _date(run.get("updated_at")), _date(run.get("started_at"))
@@ -365,8 +366,12 @@ def run_rows(card: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [
         ("run", job or name or "unknown"),
-        ("date", trained or f"{now} (evaluated; the card records no run)"),
         *((("started", started),) if started else ()),
+        (
+            ("finished", trained)
+            if trained
+            else ("date", f"{now} (evaluated; the card records no run)")
+        ),
         (
             "training time",
             _duration(seconds)

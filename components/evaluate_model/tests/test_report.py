@@ -309,12 +309,12 @@ def test_the_run_and_its_hyperparameters_appear():
     page = build_report(recorded_card(), passing(["a", "b"]), {}).html
     run = page.split("<h2>Run</h2>", 1)[1].split("<h2>", 1)[0]
     for expected in (
-        "digits-ddp-7f3a",
-        "2026-11-25 07:10 UTC",
-        "2026-11-25 07:08 UTC",
+        "<th>run</th><td>digits-ddp-7f3a</td>",
+        "<th>started</th><td>2026-11-25 07:08 UTC</td>",
+        "<th>finished</th><td>2026-11-25 07:10 UTC</td>",
         "2 min 05 s",
     ):
-        assert expected in run
+        assert expected in run, run
     table = page.split("<h2>Hyperparameters</h2>", 1)[1].split("<h2>", 1)[0]
     for key in ("lr", "batch_size", "optimizer", "seed", "grad_accum_steps", "clip_grad_norm"):
         assert f"<th>{key}</th>" in table

@@ -279,6 +279,24 @@ def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp
     assert "[rank 2] RuntimeError: boom on rank 2" in step.cause(), step.lines[-3:]
 
 
+def test_in_the_same_second_the_node_that_failed_comes_before_the_one_stopped(k8s):
+    """Node 1 exited 3 and the JobSet's SIGTERM ended node 0 (143) within the same second
+    (finish times have whole seconds): the failing node is 1 and wait exits 3 (it took node 0
+    by its index under load, and exited 143)."""
+    backend = k8s.backend()
+    backend.launch(make_spec(num_nodes=2))
+    for index, code in ((0, 143), (1, 3)):
+        ended = objects.terminated(code)
+        ended["terminated"]["finishedAt"] = "2026-11-26T08:40:01Z"
+        set_container(k8s.emulator, node_pod(k8s.emulator, "demo", index), ended, "Failed")
+    failed = objects.condition("Failed", reason="JobSetFailed", message="jobset failed")
+    k8s.emulator.set_conditions("trainjobs", "demo", [failed])
+
+    status = backend.wait("demo", 30, None)
+
+    assert (status.failed_rank, status.failed_node.exit_code) == (1, 3)
+
+
 def test_a_cluster_wait_names_the_rank_that_failed_first_from_the_failed_nodes_logs(k8s):
     """Over HTTP against the emulator: both node containers ended in the same second (node
     0 taken first by finish time), the Trainer's Failed condition says only that the JobSet

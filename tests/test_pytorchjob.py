@@ -466,6 +466,22 @@ def test_doctor_finds_the_training_operator_its_release_and_image(request):
     ) in ready.stdout
 
 
+def test_a_job_past_its_active_deadline_fails_and_wait_says_so(operator_cluster):
+    """--active-deadline-seconds becomes runPolicy.activeDeadlineSeconds; the operator fails
+    the job past it and cleanPodPolicy Running stops the pods still running."""
+    emulator, backend = operator_cluster.emulator, operator_cluster.backend("pytorchjob")
+    slow = show_env("slow", 2, SLEEP_0="60", SLEEP_1="60")
+    backend.launch(dataclasses.replace(slow, active_deadline_seconds=2))
+    assert emulator.get("pytorchjobs", "slow")["spec"]["runPolicy"]["activeDeadlineSeconds"] == 2
+    status = backend.wait("slow", 30, None)
+    assert (status.state, status.reason) == (FAILED, "PyTorchJobFailed")
+    assert "active longer than specified deadline" in status.message
+    deadline = time.monotonic() + 15
+    while emulator.names("pods"):
+        assert time.monotonic() < deadline, emulator.names("pods")
+        time.sleep(0.05)
+
+
 @pytest.mark.fault
 def test_restarts_run_out_at_the_backoff_limit_and_wait_says_so(operator_cluster, injected):
     """max_restarts 1 on 2 nodes: OnFailure restarts the failing worker in place; the

@@ -131,7 +131,7 @@ def test_a_sigkilled_rank_fails_wait_within_10s_naming_node_and_signal(
 
     assert waiter.returncode == 1, stderr
     assert failed_after < 10, f"wait took {failed_after:.1f}s to report the failure"
-    first_line = stderr.strip().splitlines()[0]
+    first_line = stderr.strip().splitlines()[-1]  # the cause, after the node's last lines
     assert "node 1 exited with code 1" in first_line, stderr
     assert "rank 1 (local rank 0) was killed by signal SIGKILL" in first_line, stderr
     wait_until(lambda: not alive(processes["all"]), 5, f"processes left: {alive(processes['all'])}")

@@ -30,13 +30,17 @@ same), the file named:
   master Succeeded is the job Succeeded ("PyTorchJob <job> is successfully completed.", Running
   set False); a failed pod of a replica whose restartPolicy is Never fails the job ("PyTorchJob
   <job> is failed because <n> <type> replica(s) failed."); under OnFailure the container is
-  restarted in place (restartCount + 1, Restarting) until the running pods' restart counts add
-  up to ``backoffLimit``, which fails the job "Job <job> has failed because it has reached the
+  restarted in place (restartCount + 1; its pod stays Running, so no Restarting condition,
+  which needs pods of phase Failed) until the running pods' restart counts add up to
+  ``backoffLimit``, which fails the job "Job <job> has failed because it has reached the
   specified backoff limit" and deletes every pod and Service (``pkg/controller.v1/common/
   job.go`` ``ReconcileJobs``, ``pkg/core/job.go`` ``PastBackoffLimit``);
 * a finished job's pods go by cleanPodPolicy (``job.go`` ``DeletePodsAndServices``): None keeps
   them, Running deletes those still running or pending (their processes stopped), All deletes
   all; each pod's Service goes with it;
+* ``runPolicy.activeDeadlineSeconds`` (``pkg/core/job.go`` ``PastActiveDeadline``): past it the
+  job fails "Job <job> has failed because it was active longer than specified deadline", its
+  pods going by cleanPodPolicy (``job.go`` ``ReconcileJobs``);
 * ``runPolicy.suspend``: pods and Services deleted, conditions Suspended True and Running False
   (``job.go`` ``ReconcileJobs``).
 
@@ -381,6 +385,7 @@ class _Run(threading.Thread):
         self.marker = secrets.token_hex(8)
         self.local_port = _free_port()
         self.stopped = threading.Event()
+        self.started = time.monotonic()  # status.startTime, set on the first reconcile
         self.nodes: list[_Node] = []
         self.conditions: list[dict[str, Any]] = []
         replicas = sum(r["replicas"] for r in self.job["spec"]["pytorchReplicaSpecs"].values())
@@ -395,13 +400,13 @@ class _Run(threading.Thread):
                 self.operator.errors.append(error)
 
     def _set_condition(self, type_: str, message: str, status: str = "True") -> None:
-        """``UpdateJobConditions``: one condition per type; Running and Restarting replace
-        each other; Succeeded/Failed turn Running False; nothing changes once Failed."""
+        """``UpdateJobConditions``: one condition per type; Succeeded/Failed turn Running
+        False; nothing changes once Failed."""
         if any(c["type"] == "Failed" and c["status"] == "True" for c in self.conditions):
             return
         kept = []
         for old in self.conditions:
-            if old["type"] == type_ or {old["type"], type_} == {"Running", "Restarting"}:
+            if old["type"] == type_:
                 continue
             if type_ in ("Succeeded", "Failed") and old["type"] == "Running":
                 old = {**old, "status": "False"}
@@ -427,9 +432,21 @@ class _Run(threading.Thread):
         self._set_condition("Running", f"PyTorchJob {self.name} is running.")
         while not self.stopped.is_set():
             self._copy_logs(final=False)
-            if self._decide():
+            if self._decide() or self._past_active_deadline():
                 return
             time.sleep(POLL_SECONDS)
+
+    def _past_active_deadline(self) -> bool:
+        """``runPolicy.activeDeadlineSeconds`` since the job's start (``pkg/core/job.go``
+        ``PastActiveDeadline``): the job fails and its pods go by cleanPodPolicy
+        (``job.go`` ``ReconcileJobs``, ``DeletePodsAndServices``)."""
+        deadline = self.job["spec"]["runPolicy"].get("activeDeadlineSeconds")
+        if deadline is None or time.monotonic() - self.started < deadline:
+            return False
+        self._fail(
+            f"Job {self.name} has failed because it was active longer than specified deadline"
+        )
+        return True
 
     def _decide(self) -> bool:
         """Apply what ended since the last look; True once the job is finished."""
@@ -452,11 +469,9 @@ class _Run(threading.Thread):
                         delete_all=True,
                     )
                     return True
-                self._set_condition(
-                    "Restarting",
-                    f"PyTorchJob {self.name} is restarting because 1 {node.replica_type} "
-                    "replica(s) failed.",
-                )
+                # No Restarting condition: the operator sets it only for replicas whose pods
+                # are phase Failed (pytorchjob_controller.go UpdateJobStatus, `failed > 0`),
+                # and a container restarted in place leaves its pod Running.
                 # The kubelet holds a container it restarts in place in a back-off, shown as
                 # waiting CrashLoopBackOff (kubernetes pkg/kubelet/kuberuntime/
                 # kuberuntime_manager.go doBackOff, ErrCrashLoopBackOff in

@@ -26,6 +26,8 @@ PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "Regist
 #: Waiting reasons of a container the kubelet cannot create (a missing Secret/ConfigMap...).
 CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
 OOM = "OOMKilled"
+#: How a container stopped by its pod's deletion (SIGTERM) exits.
+SIGTERM_EXIT_CODE = 128 + 15
 #: The init container the Training Operator adds to PyTorchJob workers.
 INIT_PYTORCH = "init-pytorch"
 
@@ -147,16 +149,20 @@ def node_statuses(pods: Iterable[V1Pod]) -> list[NodeStatus]:
 
 
 def first_failure(pods: Iterable[V1Pod]) -> tuple[int, int] | None:
-    """(node, exit code) of the node container that failed first, by finish time."""
+    """(node, exit code) of the node container that failed first, by finish time. Finish
+    times have whole seconds: within the same second a container that failed by itself comes
+    before one that ended on SIGTERM (143), which is how a JobSet's or a deletion's stopping
+    of the other nodes ends them."""
     failures = []
     for index, pod in latest_by_node(pods).items():
         ended = _last_termination(pod)
         if ended is not None and ended.exit_code:
             finished = ended.finished_at.timestamp() if ended.finished_at else float("inf")
-            failures.append((finished, index, ended.exit_code))
+            stopped = ended.exit_code == SIGTERM_EXIT_CODE
+            failures.append((finished, stopped, index, ended.exit_code))
     if not failures:
         return None
-    _, index, code = min(failures)
+    *_, index, code = min(failures)
     return index, code
 
 

@@ -18,7 +18,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,12 @@ class Figures:
         self.measured: dict[str, Any] = {}
         self.outcomes: dict[str, Counter[str]] = {name: Counter() for name in MARKS.values()}
         self.injected: dict[str, Injected] = {}
+        #: Measured by the running test, not yet carried by a report.
+        self.unreported: dict[str, Any] = {}
 
     def record(self, name: str, value: Any) -> None:
         self.measured[name] = value
+        self.unreported[name] = value
 
     def summary(self) -> dict[str, Any]:
         struck = [i for i in self.injected.values() if i.struck_by]
@@ -110,11 +113,25 @@ def _passed(item: pytest.Item) -> bool:
     return report is not None and report.passed
 
 
+#: Keys of the teardown report's ``user_properties`` that carry a test's records: under
+#: pytest-xdist (``make test``) tests run in workers and only reports reach the process that
+#: prints the figures.
+INJECTED_PROPERTY, MEASURED_PROPERTY = "kubetrain-injected", "kubetrain-measured"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
+    report = outcome.get_result()
     if call.when == "call":
-        item.call_report = outcome.get_result()  # type: ignore[attr-defined]
+        item.call_report = report  # type: ignore[attr-defined]
+    if call.when != "teardown":
+        return
+    if (record := FIGURES.injected.get(item.nodeid)) is not None:
+        report.user_properties.append((INJECTED_PROPERTY, asdict(record)))
+    if FIGURES.unreported:
+        report.user_properties.append((MEASURED_PROPERTY, dict(FIGURES.unreported)))
+        FIGURES.unreported.clear()
 
 
 #: Each test's outcome so far (setup, call, teardown), counted once its teardown is reported.
@@ -130,6 +147,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _OUTCOMES[report.nodeid] = outcome
         return
     _OUTCOMES.pop(report.nodeid, None)
+    for key, value in report.user_properties:
+        if key == INJECTED_PROPERTY:
+            checks = [(what, ok) for what, ok in value["data_checks"]]
+            FIGURES.injected[report.nodeid] = Injected(value["struck_by"], checks)
+        elif key == MEASURED_PROPERTY:
+            FIGURES.measured.update(value)
     for mark, name in MARKS.items():
         if mark in report.keywords:
             FIGURES.outcomes[name][outcome] += 1

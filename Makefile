@@ -27,7 +27,7 @@ run: setup
 TEST_WORKERS ?= 2
 
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: setup
 	$(BIN)/ruff check .

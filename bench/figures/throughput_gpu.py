@@ -49,6 +49,7 @@ class Workload:
     epochs: int
     batch_size: int
     repeats: int
+    strategies: tuple[str, ...] = STRATEGIES
 
     @property
     def matmul_size(self) -> int:
@@ -99,7 +100,7 @@ def measure_workload(workload: Workload) -> list[Row]:
             "--data", str(data), "--model", workload.model, "--epochs", str(workload.epochs),
             "--batch-size", str(workload.batch_size),
         ]  # fmt: skip
-        for strategy in STRATEGIES:
+        for strategy in workload.strategies:
 
             def ours(strategy: str = strategy) -> float:
                 with tempfile.TemporaryDirectory(dir=tmp) as ckpt:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from kubetrain.backends.local.processes import JOB_ID_ENV, marked_processes
 from kubetrain.cli.run import job_folder_outcome
 from kubetrain.jobspec import TrainJobSpec
 from tests.support.processes import process_alive
+from tests.test_pipeline import run_pipeline
 
 
 @pytest.fixture
@@ -28,18 +27,8 @@ def local_root(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def kubetrain_run(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kubetrain", "run", "--output", str(folder / "runs"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=folder,
-    )
-
-
 def test_a_successful_run_removes_its_job_folder_and_keeps_the_model(local_root, tmp_path):
-    result = kubetrain_run(tmp_path, "--nodes", "1", "--epochs", "1", "--threshold", "0")
+    result = run_pipeline(tmp_path, "--nodes", "1", "--epochs", "1", "--threshold", "0")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     removed = re.search(r"^removed the job's folder (\S+) \(--keep-job keeps it\)$",
                         result.stdout, re.MULTILINE)  # fmt: skip
@@ -69,7 +58,7 @@ def test_a_timed_out_run_stops_its_job_and_keeps_its_logs(local_root, tmp_path):
     """The wait step's timeout stops the job's whole process tree; the exit handler's delete
     keeps the folder (``KEEP_FILES_ENV``); the run's last line names it, and `kubetrain list`
     shows the job."""
-    result = kubetrain_run(tmp_path, "--timeout", "2", "--keep-checkpoints", "0")
+    result = run_pipeline(tmp_path, "--timeout", "2", "--keep-checkpoints", "0")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     (job_dir,) = local_root.iterdir()
     job = job_dir.name

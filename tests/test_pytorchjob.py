@@ -29,7 +29,7 @@ from kubetrain.backends.base import COMPLETE, FAILED
 from kubetrain.backends.kubernetes.kinds import PYTORCHJOB
 from kubetrain.backends.kubernetes.launch import TrainingOperatorNotInstalled
 from kubetrain.cli import main as kubetrain_main
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import Initializer, Resources, Toleration, TrainJobSpec, Volume
 from kubetrain.render import render_job, render_pytorchjob
 from tests.support import objects
@@ -373,6 +373,44 @@ def test_a_worker_held_back_by_the_operators_init_container_fails_early(
     ended = backend.wait("init", 30, None)
     assert (ended.state, ended.reason, ended.failed_rank) == (FAILED, reason, 1)
     assert said in ended.message
+
+
+@pytest.mark.parametrize(
+    ("decoration", "waits"),
+    [
+        ({"annotations": {"scheduling.k8s.io/group-name": "gang"}}, True),  # Volcano
+        ({"labels": {"scheduling.x-k8s.io/pod-group": "gang"}}, True),  # scheduler-plugins
+        ({}, False),
+    ],
+)
+def test_a_pod_in_a_gang_operators_pod_group_waits_for_its_group(
+    operator_cluster, monkeypatch, decoration, waits
+):
+    """An operator with gang scheduling on puts every pod in a PodGroup (release-1.9
+    podgroup_control.go DecoratePodTemplateSpec); the group is Unschedulable until all of it
+    fits, so `auto` gives it no limit, as for a Trainer gang runtime; a plain pod gets the
+    default grace."""
+    from kubetrain.backends.kubernetes import wait as kube_wait
+    from tests.support.fake_training_operator import defaulted, operator_pod
+
+    monkeypatch.setattr(kube_wait, "UNSCHEDULABLE_GRACE_SECONDS", 0.3)
+    emulator = operator_cluster.emulator
+    warnings: list[str] = []
+    backend = operator_cluster.backend("pytorchjob", warn=warnings.append)
+    backend.launch(TrainJobSpec(name="gang", command=("sleep", "60"), suspend=True))
+    pod = operator_pod(defaulted(emulator.get("pytorchjobs", "gang")), "Master", 0)
+    for field, values in decoration.items():
+        pod["metadata"][field] = {**(pod["metadata"].get(field) or {}), **values}
+    emulator.create_pod(pod)
+    emulator.set_pod_status("gang-master-0", objects.unschedulable())
+    if waits:
+        with pytest.raises(KubetrainError, match="timed out after 1.5s") as timed_out:
+            backend.wait("gang", 1.5, None)  # 5 x the default grace, still waiting
+        assert timed_out.value.exit_code == 124
+        (said,) = [w for w in warnings if "cannot be scheduled" in w]
+        assert "with no time limit (its pod group is scheduled as a gang" in said
+    else:
+        assert backend.wait("gang", 30, None).reason == "Unschedulable"
 
 
 def test_cli_launch_wait_logs_list_delete(operator_cluster, capsys):

@@ -28,6 +28,9 @@ CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
 OOM = "OOMKilled"
 #: How a container stopped by its pod's deletion (SIGTERM) exits.
 SIGTERM_EXIT_CODE = 128 + 15
+#: How Volcano and scheduler-plugins' coscheduling name a pod's group.
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 #: The init container the Training Operator adds to PyTorchJob workers.
 INIT_PYTORCH = "init-pytorch"
 
@@ -170,7 +173,8 @@ def first_failure(pods: Iterable[V1Pod]) -> tuple[int, int] | None:
 class PodProblem:
     """Why a job will not get anywhere by itself, mostly a node pod's problem (``pod`` is
     empty, ``node`` None, for a job that got no pods at all); ``grace`` names the wait's grace
-    period it is given (``"image_pull"``, ``"unschedulable"``) or is empty to fail at once."""
+    period it is given (``"image_pull"``, ``"unschedulable"``, ``"gang"``: unschedulable in a
+    pod group) or is empty to fail at once."""
 
     reason: str
     message: str
@@ -221,6 +225,18 @@ def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> P
     return None
 
 
+def in_pod_group(pod: V1Pod) -> bool:
+    """Whether a gang scheduler places the pod with its group: a Training Operator with gang
+    scheduling on marks every pod so (training-operator v1.9.0
+    ``pkg/controller.v1/control/podgroup_control.go`` DecoratePodTemplateSpec: Volcano's
+    group-name annotation, scheduler-plugins' pod-group label), and the whole group stays
+    Unschedulable until every pod fits."""
+    metadata = pod.metadata
+    return VOLCANO_GROUP_ANNOTATION in (metadata.annotations or {}) or (
+        COSCHEDULING_GROUP_LABEL in (metadata.labels or {})
+    )
+
+
 def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
     """The pod's problem, if it has one. An out-of-memory kill or a crash loop is one only
     when the job may not restart (``restarts_allowed``: JobSet restarts every node after a
@@ -242,7 +258,7 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
                 f"node {index}'s pod {name} cannot be scheduled: {condition.message}",
                 name,
                 index,
-                grace="unschedulable",
+                grace="gang" if in_pod_group(pod) else "unschedulable",
             )
     if (problem := _init_container_problem(pod, index, restarts_allowed)) is not None:
         return problem

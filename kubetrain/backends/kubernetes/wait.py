@@ -401,6 +401,9 @@ class WaitSession:
         no limit)."""
         if grace == "image_pull":
             return self.context.image_pull_grace
+        if grace == "gang":  # the group waits for its last pod: no limit unless one is set
+            chosen = self.context.unschedulable_grace
+            return math.inf if chosen is None else chosen or math.inf
         if grace == "unschedulable":
             if self._unschedulable_grace is None:
                 grace = self._grace_for_unschedulable()
@@ -440,15 +443,17 @@ class WaitSession:
 
     def _waiting(self, problem: PodProblem, grace: float) -> str:
         """What the wait does about a problem it gives time, for the line that says so."""
-        option = "--unschedulable-grace-seconds" if problem.grace == "unschedulable" else ""
+        unschedulable = problem.grace in ("unschedulable", "gang")
+        option = "--unschedulable-grace-seconds" if unschedulable else ""
         if grace < math.inf:
             limit = f" ({option})" if option else ""
             return f"waiting up to {grace:g}s for it to clear{limit}"
-        why = (
-            "the runtime schedules a gang: its pods wait until the whole group fits"
-            if self.context.unschedulable_grace is None
-            else "no limit was set"
-        )
+        if self.context.unschedulable_grace is not None:
+            why = "no limit was set"
+        elif problem.grace == "gang":
+            why = "its pod group is scheduled as a gang: it waits until the whole group fits"
+        else:
+            why = "the runtime schedules a gang: its pods wait until the whole group fits"
         return f"waiting for it to clear with no time limit ({why}; {option} sets one)"
 
     def _restarts_allowed(self) -> bool:

@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=AUTO,
         help="fail a cluster job whose node pod no node can take for this many seconds (it "
         "says what the pod waits for meanwhile); 0 or empty = no limit (an autoscaler, a "
-        f"queue); default {AUTO}: 300, no limit for a gang runtime (podGroupPolicy)",
+        f"queue); default {AUTO}: 300, no limit for a gang (a runtime's podGroupPolicy, a pod "
+        "in a pod group)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank-0 log lines")
     add_output_parameters_argument(parser)

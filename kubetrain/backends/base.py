@@ -115,8 +115,8 @@ class BackendOptions:
     #: What `wait` does to the job when it is cancelled (SIGTERM).
     on_cancel: str = "delete"
     #: How long `wait` lets a node pod stay Unschedulable before it fails the job: None is
-    #: UNSCHEDULABLE_GRACE_SECONDS, or no limit for a gang runtime (its pods wait for the whole
-    #: group); 0 is no limit (a cluster autoscaler, a queue).
+    #: UNSCHEDULABLE_GRACE_SECONDS, or no limit for a gang runtime or a pod in a pod group (its
+    #: pods wait for the whole group); 0 is no limit (a cluster autoscaler, a queue).
     unschedulable_grace: float | None = None
 
     def validate(self) -> BackendOptions:

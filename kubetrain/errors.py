@@ -22,6 +22,14 @@ class KubetrainError(Exception):
         if exit_code is not None:
             self.exit_code = exit_code
 
+    def context_lines(self) -> list[str]:
+        """Lines printed before the one line (none here), so output ends with the cause."""
+        return []
+
+    def report(self) -> str:
+        """The context lines, then the one line's message: what a face prints."""
+        return "\n".join([*self.context_lines(), str(self)])
+
 
 class InvalidInput(KubetrainError):
     """Bad input, refused before anything is created."""
@@ -292,10 +300,13 @@ def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, in
 
 def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:
     """The boundary of a command (``kubetrain CMD``, ``python -m kubetrain.train``): print
-    ``PROG: error: LINE`` (``failure_line``) as ONE line on stderr and return the exit code.
+    ``PROG: error: LINE`` (``failure_line``) as ONE line on stderr, after a KubetrainError's
+    ``context_lines`` (a failed job's last log lines), and return the exit code.
     The traceback is printed (before the line, so a step's log still ends with the line that
     matters) only with KUBETRAIN_DEBUG=1, which every line but a KubetrainError's mentions."""
     line, code = failure_line(exc, output)
+    if isinstance(exc, KubetrainError) and (context := exc.context_lines()):
+        print("\n".join(context), file=sys.stderr)
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         traceback.print_exception(exc, file=sys.stderr)
     print(f"{prog}: error: {line}", file=sys.stderr, flush=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components._shared.step_outputs import (
@@ -65,29 +64,21 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from kubetrain.components._shared.progress_display import ProgressDisplay
-    from kubetrain.components.wait_trainjob.wait import (
-        JobFailed,
-        unschedulable_grace,
-        wait_for_job,
-    )
+    from kubetrain.components.wait_trainjob.wait import unschedulable_grace, wait_for_job
 
     options = replace(
         backend_options(args),
         unschedulable_grace=unschedulable_grace(args.unschedulable_grace_seconds),
     )
-    try:
-        with ProgressDisplay() as display:
-            result = wait_for_job(
-                args.name,
-                backend=args.backend,
-                timeout_seconds=args.timeout,
-                on_log_line=None if args.quiet else display.feed,
-                options=options.validate(),
-                stall_timeout_seconds=args.stall_timeout,
-            )
-    except JobFailed as failure:  # its one line comes last, from the command's boundary
-        print("\n".join(failure.log_tail), file=sys.stderr, flush=True)
-        raise
+    with ProgressDisplay() as display:
+        result = wait_for_job(
+            args.name,
+            backend=args.backend,
+            timeout_seconds=args.timeout,
+            on_log_line=None if args.quiet else display.feed,
+            options=options.validate(),
+            stall_timeout_seconds=args.stall_timeout,
+        )
     print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
     write_output_parameters(
         args.output_parameters,

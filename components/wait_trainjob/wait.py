@@ -65,9 +65,8 @@ class JobFailed(KubetrainError):
         super().__init__(message, exit_code=exit_code)
         self.status = status
 
-    def report(self) -> str:
-        """The node's last lines, then the cause: what a face prints."""
-        return "\n".join([*self.log_tail, str(self)])
+    def context_lines(self) -> list[str]:
+        return self.log_tail
 
 
 def last_log_lines(

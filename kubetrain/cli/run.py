@@ -368,7 +368,12 @@ EXECUTOR_OUTPUT = "executor_output.json"
 
 def step_parameters(steps: Path, step: str) -> dict[str, Any]:
     """The output parameters step ``step`` of the run in ``steps`` returned."""
-    return json.loads((steps / step / EXECUTOR_OUTPUT).read_text())["parameterValues"]
+    return executor_output(steps, step)["parameterValues"]
+
+
+def executor_output(steps: Path, step: str) -> dict[str, Any]:
+    """What step ``step`` of the run in ``steps`` wrote as its outputs (KFP's executor output)."""
+    return json.loads((steps / step / EXECUTOR_OUTPUT).read_text())
 
 
 def how_to_see_more(run_folders: list[Path]) -> str:
@@ -518,9 +523,9 @@ def publish_metrics(steps: Path) -> Path:
     and writes no file at the artifact's path."""
     from kubetrain.storage import atomic  # the storage package: not for --help
 
-    outputs = json.loads((steps / "evaluate-model" / EXECUTOR_OUTPUT).read_text())["artifacts"]
+    metrics = executor_output(steps, "evaluate-model")["artifacts"]["metrics"]
     target = steps / "metrics.json"
-    atomic.write_json(target, outputs["metrics"]["artifacts"][0]["metadata"])
+    atomic.write_json(target, metrics["artifacts"][0]["metadata"])
     return target
 
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kubernetes.client import V1ContainerStateTerminated, V1ContainerStatus, V1Pod
+from kubernetes.client import (
+    V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1Pod,
+)
 
 from kubetrain.backends.base import NodeStatus
 from kubetrain.backends.kubernetes.client import Action
@@ -184,6 +189,23 @@ class PodProblem:
     exit_code: int | None = None
 
 
+def _pull_problem(
+    waiting: V1ContainerStateWaiting | None, who: str, image: str, pod: str, index: int
+) -> PodProblem | None:
+    """``who`` (a node, or its init container) waits for an image it cannot pull: a bad
+    name fails at once, a pull error gets the image-pull grace (a registry may come back)."""
+    if waiting is None or waiting.reason not in PULL_REASONS + ("InvalidImageName",):
+        return None
+    detail = f": {waiting.message}" if waiting.message else ""
+    return PodProblem(
+        waiting.reason,
+        f"{who} cannot pull image {image} ({waiting.reason}){detail}",
+        pod,
+        index,
+        grace="" if waiting.reason == "InvalidImageName" else "image_pull",
+    )
+
+
 def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> PodProblem | None:
     """An init container that holds the node back: one whose image cannot be pulled, or one
     that failed. The Training Operator gives PyTorchJob workers ``init-pytorch``, which looks
@@ -195,16 +217,9 @@ def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> P
     for status in (pod.status.init_container_statuses if pod.status else None) or []:
         state = status.state
         waiting = state.waiting if state is not None else None
-        if waiting is not None and waiting.reason in PULL_REASONS + ("InvalidImageName",):
-            detail = f": {waiting.message}" if waiting.message else ""
-            return PodProblem(
-                waiting.reason,
-                f"node {index}'s init container {status.name} cannot pull image "
-                f"{status.image} ({waiting.reason}){detail}",
-                name,
-                index,
-                grace="" if waiting.reason == "InvalidImageName" else "image_pull",
-            )
+        who = f"node {index}'s init container {status.name}"
+        if (problem := _pull_problem(waiting, who, status.image, name, index)) is not None:
+            return problem
         ended = state.terminated if state is not None else None
         if ended is None and status.last_state is not None:
             ended = status.last_state.terminated
@@ -266,16 +281,9 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
     if status is None or status.state is None:
         return None
     waiting = status.state.waiting
-    if waiting is not None and waiting.reason in PULL_REASONS + ("InvalidImageName",):
-        image = container_image(pod) or status.image
-        detail = f": {waiting.message}" if waiting.message else ""
-        return PodProblem(
-            waiting.reason,
-            f"node {index} cannot pull image {image} ({waiting.reason}){detail}",
-            name,
-            index,
-            grace="" if waiting.reason == "InvalidImageName" else "image_pull",
-        )
+    image = container_image(pod) or status.image
+    if (problem := _pull_problem(waiting, f"node {index}", image, name, index)) is not None:
+        return problem
     if waiting is not None and waiting.reason in CONFIG_REASONS:
         return PodProblem(
             waiting.reason,

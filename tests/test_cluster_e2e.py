@@ -79,10 +79,12 @@ def test_job_backend_trains_two_nodes_from_the_cli(trainer_cluster, digits_dir, 
 
 @pytest.mark.parametrize("backend", ["trainer", "job"])
 def test_a_failing_node_fails_wait_with_its_exit_code_and_last_lines(trainer_cluster, backend):
+    # Node 1 fails a second after starting, so that under load node 0 has printed its line
+    # before the failed job's remaining pods are stopped.
     program = (
-        "import os, sys; rank = os.environ['PET_NODE_RANK']; "
+        "import os, sys, time; rank = os.environ['PET_NODE_RANK']; "
         "print('node', rank, 'of', os.environ['PET_NNODES']); "
-        "sys.exit(3 if rank == '1' else 0)"
+        "time.sleep(rank == '1'); sys.exit(3 if rank == '1' else 0)"
     )
     name = f"fails-{backend}"
     launch(LaunchRequest(command=("python", "-c", program), name=name), backend=backend)

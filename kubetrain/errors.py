@@ -287,7 +287,7 @@ def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, in
     * anything else is a bug of ours: "internal error (TYPE: message)", exit 1, never silent.
     """
     if isinstance(exc, KubetrainError):
-        return " ".join(str(exc).split()), exc.exit_code
+        return _one_line(str(exc)), exc.exit_code
     missing = missing_extra(exc)
     if missing is not None:
         return missing, 1
@@ -295,7 +295,17 @@ def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, in
         f"internal error ({type(exc).__name__}: {refusal_reason(exc)}); this is a bug in "
         "kubetrain: please report it with the traceback"
     )
-    return " ".join(f"{line} (set {DEBUG_ENV}=1 for the traceback)".split()), 1
+    return _one_line(f"{line} (set {DEBUG_ENV}=1 for the traceback)"), 1
+
+
+#: Control characters left after whitespace is folded (an escape sequence in a user's
+#: exception text or file name must not drive the terminal the error line is printed on).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, its control characters written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
 
 
 def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:

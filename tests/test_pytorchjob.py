@@ -542,3 +542,22 @@ def test_restarts_run_out_at_the_backoff_limit_and_wait_says_so(operator_cluster
     while emulator.names("pods"):
         assert time.monotonic() < deadline, emulator.names("pods")
         time.sleep(0.05)
+
+
+def test_the_kubeflow_training_sdk_reads_our_pytorchjob_and_its_outcome(operator_cluster):
+    """kubeflow-training 1.9's own TrainingClient, over HTTP: it parses the PyTorchJob we
+    created, finds its master pod by the operator's labels, and reads the outcome our wait
+    reports (its is_job_succeeded reads the Succeeded condition)."""
+    from kubeflow.training import TrainingClient
+
+    backend = operator_cluster.backend("pytorchjob")
+    backend.launch(show_env("sdk", 2, SLEEP_0="1"))
+    assert backend.wait("sdk", 60, None).state == COMPLETE
+    sdk = TrainingClient(config_file=os.environ["KUBECONFIG"], namespace="default")
+    job = sdk.get_job("sdk", job_kind="PyTorchJob")
+    assert isinstance(job, KubeflowOrgV1PyTorchJob)
+    assert job.spec.pytorch_replica_specs["Worker"].replicas == 1
+    assert job.spec.nproc_per_node == "2"
+    assert [j.metadata.name for j in sdk.list_jobs(job_kind="PyTorchJob")] == ["sdk"]
+    assert sdk.is_job_succeeded("sdk", job_kind="PyTorchJob")
+    assert sdk.get_job_pod_names("sdk", is_master=True) == ["sdk-master-0"]

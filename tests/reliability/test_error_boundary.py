@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 import pytest
 
@@ -327,3 +328,27 @@ def test_each_failure_class_read_under_a_path_is_one_line_naming_it(tmp_path, fa
     assert code == 1 and "\n" not in line
     assert line.startswith(f"{path}: ") and problem in line, line
     assert "internal error" not in line
+
+
+@pytest.mark.security
+def test_control_characters_in_an_error_line_are_written_out_not_sent_to_the_terminal(
+    tmp_path, capsys
+):
+    """A user's factory whose exception text carries an escape sequence (or a file name with
+    one): the one error line shows it as \\x1b, so it cannot recolour or move the terminal."""
+    (tmp_path / "hostile_factory.py").write_text(
+        "def build(shape, n):\n    raise ValueError('one\\ntwo \\x1b[2J\\x1b[31m red')\n"
+    )
+    from kubetrain.artifacts.models import build_model
+    from kubetrain.errors import report_failure
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(Exception) as raised:
+            build_model("hostile_factory:build", [1, 8, 8], 10)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert report_failure("kubetrain collect", raised.value) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and err.count("\n") == 1
+    assert "raised ValueError: one two \\x1b[2J\\x1b[31m red" in err

@@ -210,7 +210,8 @@ def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> P
     """An init container that holds the node back: one whose image cannot be pulled, or one
     that failed. The Training Operator gives PyTorchJob workers ``init-pytorch``, which looks
     up the master's Service 100 times, 2 s apart, then exits 1 (training-operator v1.9.0
-    ``pkg/controller.v1/pytorch/initcontainer.go``, image ``alpine:3.10`` from ``config.go``):
+    ``pkg/controller.v1/pytorch/initcontainer.go``; image ``alpine:3.10`` and 100 tries from
+    ``pkg/config/config.go``):
     a master not Ready in ~200 s (a large image, a node scaling up) fails the worker there,
     before the ``pytorch`` container ever starts."""
     name = pod.metadata.name

@@ -81,6 +81,7 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         gpu: int = 0,
         command: Optional[list] = None,  # noqa: UP045 (KFP reads the annotation)
         script: str = "",
+        state_key: str = "",
     ):
         # `backend` trainer (a TrainJob), pytorchjob (a Training Operator v1 PyTorchJob) or job
         # (an Indexed Job) runs on the cluster; local runs the job inside the launch pod, for
@@ -88,7 +89,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         # steps' own namespace (the run's), where the shared claim is.
         # `command` (a list) runs your program instead of our trainer, in its checkpoint folder with
         # KUBETRAIN_DATA_DIR/KUBETRAIN_CHECKPOINT_DIR set; `model` then names the factory
-        # (package.module:callable) collect and evaluate rebuild your model with.
+        # (package.module:callable) collect and evaluate rebuild your model with; collect checks
+        # the checkpoint loads into it, and `state_key` names the model's state dict in a
+        # checkpoint of nested state (e.g. app.model) where several may be the model.
         # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
         # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
         # A failed or stopped run deletes its job: KFP's launcher passes no signal on to the wait
@@ -156,6 +159,8 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
                 storage=storage,
                 run_name=RUN,
                 model_factory=model,
+                state_key=state_key,
+                dataset=prep.outputs["dataset"],
             )
             evaluate = evaluate_model(
                 model=collect.outputs["model"],

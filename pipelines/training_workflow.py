@@ -106,6 +106,11 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
     "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
+    "state_key": (
+        "",
+        "the state dict that is your model in a checkpoint of nested state (e.g. app.model); "
+        "empty: the one named as a model",
+    ),
     "storage_secret": ("", "Secret with AWS_* keys for s3:// data, given to the TrainJob's nodes"),
     "service_account": (
         "kubetrain",
@@ -272,6 +277,9 @@ def add_tasks(
                 "export": p("export"),
                 # the user's explicit choice: custom model code a card names is built only so
                 "model_factory": p("model"),
+                "state_key": p("state_key"),
+                # the checkpoint must load into that model for these samples
+                "data": prep.get_parameter("dataset_dir").value,
             },
         )
         evaluate = evaluate_model_template(volume=volume, image=image)(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kubetrain.components._shared.flags import add_flag
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
@@ -18,10 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Read the newest complete checkpoint through its LATEST pointer, verify every file's "
             "sha256, gather FSDP shards into one state dict, and publish OUTPUT/model.safetensors "
             "and OUTPUT/model.json atomically. A folder a training script saved into is searched "
-            "instead for a torch.save'd state dict (.pt/.pth/.bin, or a dict holding one under "
-            "model_state_dict, state_dict or model), a .safetensors file, a DCP folder or an HF "
-            "index, and the newest taken (by the epoch or step number in its name, else by "
-            "modification time; never one still being written)."
+            "instead, depth first, for a torch.save'd state dict (.pt/.pth/.bin, or a dict "
+            "holding one under model_state_dict, state_dict, model, MODEL_STATE, module, net, "
+            "ema...), a Lightning .ckpt, a .safetensors file, a DCP folder or an HF index, and "
+            "the newest taken (by the numbers in its path, else by modification time; never one "
+            "still being written). Optimizer state is never published; a checkpoint holding "
+            "several state dicts that may be the model is refused unless --state-key names one. "
+            "A model holding NaN or Inf is refused."
         ),
     )
     parser.add_argument("--checkpoint-dir", required=True, help="folder the training job wrote")
@@ -32,6 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=(
             "the checkpoint to take instead of the newest: a file or folder inside "
             "--checkpoint-dir (relative to it, or absolute), e.g. model_epoch_9.pt"
+        ),
+    )
+    parser.add_argument(
+        "--state-key",
+        default="",
+        metavar="KEY",
+        help=(
+            "the state dict that is the model in a checkpoint of nested state, as a dotted "
+            "path: e.g. app.model (the DCP recipe's AppState), ema, MODEL_STATE"
         ),
     )
     parser.add_argument("--output", required=True, help="folder to publish the model in")
@@ -50,8 +63,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help=(
             "package.module:callable that builds the model, for an export of a checkpoint of "
-            "custom model code: the code its manifest names is imported only when given here"
+            "custom model code: the code its manifest names is imported only when given here; "
+            "with --data, a script's checkpoint is checked to load into its model first"
         ),
+    )
+    parser.add_argument(
+        "--data",
+        default="",
+        metavar="DIR",
+        help=(
+            "the prepared dataset the model was trained on (its sample shape and classes "
+            "build --model-factory's model, which the checkpoint must load into)"
+        ),
+    )
+    add_flag(
+        parser,
+        "--allow-nonfinite",
+        "publish a model holding NaN or Inf (refused by default: its training diverged)",
     )
     add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
@@ -66,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         args.export,
         model_factory=args.model_factory,
         checkpoint_file=args.checkpoint_file,
+        state_key=args.state_key,
+        allow_nonfinite=args.allow_nonfinite,
+        data=args.data,
     )
     card = model.card
     if "strategy" in card:  # a kubetrain checkpoint
@@ -75,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         epoch = f", epoch {card['epoch']}" if "epoch" in card else ""
+        state = f", state {card['state_key']}" if card.get("state_key") else ""
         print(
-            f"collected {card['source_file']} ({card['source_format']}{epoch}) from "
+            f"collected {card['source_file']} ({card['source_format']}{epoch}{state}) from "
             f"{card['source_checkpoint']}"
         )
     print(f"model {model.path} sha256 {model.sha256}")

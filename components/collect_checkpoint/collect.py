@@ -4,8 +4,10 @@ the model as one ``model.safetensors`` (plus a ``model.json`` card) in an output
 A folder in kubetrain's own layout (``LATEST``, ``epoch-*/manifest.json``) is collected as
 such. Any other local folder is searched for what training scripts write (``torch.save``d
 state dicts, safetensors files, DCP folders, HF sharded checkpoints: see
-:mod:`kubetrain.artifacts.foreign_checkpoints`), the newest taken, or the one
-``checkpoint_file`` names.
+:mod:`kubetrain.artifacts.checkpoint_formats`), the newest taken, or the one
+``checkpoint_file`` names; of nested state, only the model (never optimizer state, and never a
+guess between several candidates: ``state_key`` names one). A model holding NaN or Inf is
+refused unless ``allow_nonfinite``.
 
 DDP's ``model.safetensors`` (rank 0's full model) is streamed with bounded memory and its sha256
 checked while copying; FSDP's sharded DCP checkpoints are gathered into one full state dict, so
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
+from kubetrain.artifacts.checkpoint_formats.writer import refuse_nonfinite
 from kubetrain.artifacts.manifest import MANIFEST, check_model_code
 from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
 from kubetrain.artifacts.output_rule import MODEL, check_output
@@ -49,6 +52,9 @@ def collect_checkpoint(
     export: str = "none",
     model_factory: str = "",
     checkpoint_file: str = "",
+    state_key: str = "",
+    allow_nonfinite: bool = False,
+    data: str = "",
 ) -> CollectedModel:
     """Publish the newest complete checkpoint of ``checkpoint_dir`` as a model in ``output_dir``.
 
@@ -56,9 +62,13 @@ def collect_checkpoint(
     checkpoint records custom code, which is never imported on the manifest's word alone; for
     a script's checkpoint it is recorded as the model's spec (evaluate still imports it only
     when named there too). ``checkpoint_file`` names the checkpoint to take (relative to
-    ``checkpoint_dir``, or absolute inside it) instead of the newest.
+    ``checkpoint_dir``, or absolute inside it) instead of the newest. ``state_key`` names the
+    state dict that is the model in a checkpoint of nested state (``app.model``).
+    ``allow_nonfinite`` publishes a model holding NaN or Inf. With ``data`` (a prepared
+    dataset: its sample shape and classes), a script's checkpoint is checked to load into
+    ``model_factory``'s model before anything is published.
     """
-    from kubetrain.artifacts import foreign_checkpoints as foreign
+    from kubetrain.artifacts import checkpoint_formats as foreign
     from kubetrain.artifacts.checkpoint_manifest import latest_checkpoint
 
     if not checkpoint_dir:
@@ -72,6 +82,7 @@ def collect_checkpoint(
         )
     # before the work: an output the rule allows (never the checkpoint folder itself)
     check_output(output_dir, "output", MODEL, {"checkpoint_dir": checkpoint_dir})
+    publishing = Publishing(export, model_factory, state_key, allow_nonfinite, data)
     local = storage.is_local(checkpoint_dir)
     root = storage.local_path(checkpoint_dir, "checkpoint_dir") if local else None
     if checkpoint_file:
@@ -83,11 +94,11 @@ def collect_checkpoint(
             )
         named = foreign.named_checkpoint(root, checkpoint_file)
         if isinstance(named, Path):  # one of kubetrain's own checkpoint folders
-            return _collect_ours(named, output_dir, export, model_factory)
-        return _collect_foreign(root, named, output_dir, export, model_factory)
+            return _collect_ours(named, output_dir, publishing)
+        return _collect_foreign(root, named, output_dir, publishing)
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is not None:
-        return _collect_ours(checkpoint, output_dir, export, model_factory)
+        return _collect_ours(checkpoint, output_dir, publishing)
     if root is not None and foreign.holds_our_layout(root):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} holds no complete checkpoint (no LATEST pointer and "
@@ -103,11 +114,39 @@ def collect_checkpoint(
     search = foreign.find_checkpoint(root)
     if search.found is None:
         raise foreign.nothing_to_collect(checkpoint_dir, search.writing)
-    return _collect_foreign(root, search.found, output_dir, export, model_factory)
+    return _collect_foreign(root, search.found, output_dir, publishing)
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """How the model is taken and published, whatever the checkpoint's format."""
+
+    export: str
+    model_factory: str
+    state_key: str
+    allow_nonfinite: bool
+    data: str
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]] | None:
+        """The names and shapes of ``model_factory``'s model for ``data``'s samples, when both
+        are given: what a script's checkpoint must load into."""
+        if not (self.model_factory and self.data):
+            return None
+        from kubetrain.artifacts.datasets import read_manifest
+        from kubetrain.artifacts.models import build_model
+
+        manifest = read_manifest(self.data)
+        model = build_model(
+            self.model_factory,
+            manifest["sample_shape"],
+            manifest["num_classes"],
+            option="model_factory",
+        )
+        return {name: tuple(value.shape) for name, value in model.state_dict().items()}
 
 
 def _collect_ours(
-    checkpoint: storage.Location, output_dir: str, export: str, model_factory: str
+    checkpoint: storage.Location, output_dir: str, publishing: Publishing
 ) -> CollectedModel:
     """A checkpoint of kubetrain's own layout, as it always was collected."""
     from kubetrain.artifacts.checkpoint_manifest import (
@@ -120,8 +159,16 @@ def _collect_ours(
     # DDP's model file is verified while it is copied, FSDP's shards before they are gathered.
     manifest = read_manifest(checkpoint)
     listed_files(checkpoint, manifest)
-    if export != "none":  # the export rebuilds the model: refused now, not after the copy
-        check_model_code(manifest["model"]["spec"], model_factory, f"checkpoint {checkpoint}")
+    if publishing.state_key:
+        raise InvalidInput(
+            "state_key",
+            f"{checkpoint} is a kubetrain checkpoint, whose model is its model.safetensors",
+            "drop --state-key",
+        )
+    if publishing.export != "none":  # the export rebuilds the model: refused now, not later
+        check_model_code(
+            manifest["model"]["spec"], publishing.model_factory, f"checkpoint {checkpoint}"
+        )
     if manifest["strategy"] == "fsdp":
         verify_checkpoint(checkpoint)
     elif MODEL_FILE not in manifest["files"]:
@@ -133,7 +180,7 @@ def _collect_ours(
         else:
             model_sha256 = _gather_shards(checkpoint, staged / MODEL_FILE)
         card = _model_card(checkpoint, manifest, model_sha256)
-        _publish(staged, card, output_dir, export, model_factory)
+        _publish(staged, card, output_dir, publishing)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -142,22 +189,30 @@ def _collect_ours(
 
 
 def _collect_foreign(
-    root: Path, candidate: Any, output_dir: str, export: str, model_factory: str
+    root: Path, candidate: Any, output_dir: str, publishing: Publishing
 ) -> CollectedModel:
     """A checkpoint a training script wrote (``candidate``, found in ``root``), written tensor
     by tensor as ``model.safetensors``."""
-    from kubetrain.artifacts import foreign_checkpoints as foreign
+    from kubetrain.artifacts import checkpoint_formats as foreign
 
-    if export != "none":  # refused before anything is read
+    if publishing.export != "none":  # refused before anything is read
         raise InvalidInput(
             "export",
             f"{root / candidate.relative} is a script's checkpoint, which records no sample "
             "shape to trace the model with",
             "collect it with --export none (an export needs a kubetrain checkpoint)",
         )
+    expected = publishing.expected_tensors()
     staged = storage.staging_dir(output_dir)
     try:
-        converted = foreign.convert(root, candidate, staged / MODEL_FILE)
+        converted = foreign.convert(
+            root,
+            candidate,
+            staged / MODEL_FILE,
+            publishing.state_key,
+            expected,
+            publishing.model_factory,
+        )
         card = {
             "format": MODEL_FORMAT,
             "source_checkpoint": str(root),
@@ -165,12 +220,13 @@ def _collect_foreign(
             "source_sha256": converted.source_sha256,
             "source_format": converted.format,
             **converted.numbers,
-            "model": {"spec": model_factory} if model_factory else {},
+            **({"state_key": converted.state_key} if converted.state_key else {}),
+            "model": {"spec": publishing.model_factory} if publishing.model_factory else {},
             "metrics": [],
             "checkpoint_files": converted.files,
             "sha256": converted.sha256,
         }
-        _publish(staged, card, output_dir, export, model_factory)
+        _publish(staged, card, output_dir, publishing)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -178,16 +234,17 @@ def _collect_foreign(
     )
 
 
-def _publish(
-    staged: Path, card: dict[str, Any], output_dir: str, export: str, model_factory: str
-) -> None:
+def _publish(staged: Path, card: dict[str, Any], output_dir: str, publishing: Publishing) -> None:
     """Write the card beside the staged model (and the export, checked against the model before
-    it is kept), then publish the folder at ``output_dir``."""
+    it is kept), then publish the folder at ``output_dir``. Every format passes here: a model
+    holding NaN or Inf is refused here, whatever wrote it."""
+    if not publishing.allow_nonfinite:
+        refuse_nonfinite(staged / MODEL_FILE, f"checkpoint {card['source_checkpoint']}")
     (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
-    if export != "none":
+    if publishing.export != "none":
         from kubetrain.artifacts.export import export_model
 
-        export_model(staged, export, model_factory=model_factory or None)
+        export_model(staged, publishing.export, model_factory=publishing.model_factory or None)
     # the model file's sha256 was verified as it was staged: not hashed again to upload it
     storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: card["sha256"]})
 

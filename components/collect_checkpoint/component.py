@@ -1,5 +1,7 @@
 """KFP component of the collect step."""
 
+from typing import Optional
+
 from kfp import dsl
 
 from kubetrain.images import COMPONENT_IMAGE
@@ -14,6 +16,9 @@ def collect_checkpoint(
     export: str = "none",
     model_factory: str = "",
     checkpoint_file: str = "",
+    state_key: str = "",
+    allow_nonfinite: bool = False,
+    dataset: Optional[dsl.Input[dsl.Dataset]] = None,  # noqa: UP045 (KFP reads it)
 ):
     """Verify the newest complete rank-0 checkpoint and publish it as model.safetensors.
 
@@ -29,6 +34,11 @@ def collect_checkpoint(
     when the checkpoint records custom model code (never imported on the manifest's word).
     ``checkpoint_file``: the checkpoint to take instead of the newest, a file or folder inside
     ``checkpoint_dir`` (e.g. model_epoch_9.pt); empty: the newest.
+    ``state_key``: the state dict that is the model in a checkpoint of nested state (e.g.
+    ``app.model``); empty: the one named as a model, refused when several are.
+    ``allow_nonfinite``: publish a model holding NaN or Inf (refused by default).
+    ``dataset``: prep's dataset; with ``model_factory``, a script's checkpoint is checked to
+    load into that model before it is published.
     """
     from kubetrain import storage as object_storage
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint as collect
@@ -40,6 +50,9 @@ def collect_checkpoint(
         export,
         model_factory=model_factory,
         checkpoint_file=checkpoint_file,
+        state_key=state_key,
+        allow_nonfinite=allow_nonfinite,
+        data=dataset.path if dataset is not None else "",
     )
     if storage:
         object_storage.write_pointer(model.path, output)

@@ -36,6 +36,12 @@ def collect_checkpoint_template(
             inputs("model_factory"),
             "--checkpoint-file",
             inputs("checkpoint_file"),
+            "--state-key",
+            inputs("state_key"),
+            "--allow-nonfinite",
+            inputs("allow_nonfinite"),
+            "--data",
+            inputs("data"),
         ],  # fmt: skip
         [
             input_parameter("checkpoint_dir", "folder the training job wrote"),
@@ -50,6 +56,21 @@ def collect_checkpoint_template(
                 "checkpoint_file",
                 "the checkpoint to take, inside checkpoint_dir (e.g. model_epoch_9.pt); "
                 "empty: the newest",
+                "",
+            ),
+            input_parameter(
+                "state_key",
+                "the state dict that is the model in nested state (e.g. app.model); empty: the "
+                "one named as a model",
+                "",
+            ),
+            input_parameter(
+                "allow_nonfinite", "publish a model holding NaN or Inf: true or false", "false"
+            ),
+            input_parameter(
+                "data",
+                "prepared dataset folder: a script's checkpoint must load into model_factory's "
+                "model for it; empty: not checked",
                 "",
             ),
         ],

@@ -15,9 +15,20 @@ from kubetrain.storage.integrity import sha256_file
 MIB = 1024**2
 
 
+def finite_random(size: int) -> bytes:
+    """Random float32 bytes that are all finite numbers (bit 30 cleared: an exponent never all
+    ones), as a trained model's are: collect refuses NaN and Inf."""
+    import numpy as np
+
+    data = np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
+    data[3::4] &= 0xBF
+    return data.tobytes()
+
+
 def write_safetensors(path: Path, tensor_bytes: int, *, sparse: bool) -> None:
     """``sparse``: zeros (a sparse file, created at once) with a random MiB every 64 MiB;
-    otherwise written in full (no holes for ``cp`` to skip), a random 16 MiB block repeated."""
+    otherwise written in full (no holes for ``cp`` to skip), a random 16 MiB block repeated
+    (random finite numbers)."""
     entry = {"dtype": "F32", "shape": [tensor_bytes // 4], "data_offsets": [0, tensor_bytes]}
     header = json.dumps({"weight": entry}).encode()
     header += b" " * (-len(header) % 8)
@@ -28,9 +39,9 @@ def write_safetensors(path: Path, tensor_bytes: int, *, sparse: bool) -> None:
             out.truncate(start + tensor_bytes)
             for offset in range(0, tensor_bytes, 64 * MIB):
                 out.seek(start + offset)
-                out.write(os.urandom(MIB))
+                out.write(finite_random(MIB))
             return
-        block = os.urandom(16 * MIB)
+        block = finite_random(16 * MIB)
         for offset in range(0, tensor_bytes, len(block)):
             out.write(block[: tensor_bytes - offset])
 

@@ -163,7 +163,7 @@ def write_dcp_with_model_key(folder: Path) -> str:
 
 
 def write_dcp_without_model_key(folder: Path) -> str:
-    dcp.save({**prefixed(STATE), "note": "no tensor"}, checkpoint_id=str(folder), no_dist=True)
+    dcp.save(prefixed(STATE), checkpoint_id=str(folder), no_dist=True)
     return ".metadata"
 
 
@@ -620,10 +620,15 @@ BAD = {
         ["lacks tensor 'absent'"],
     ),
     "DCP model entry not a tensor": (dcp_model_with({"version": 3}), ["'version'", "not a tensor"]),
+    "DCP state dict beside a non-tensor": (
+        lambda folder: dcp.save({**STATE, "note": "x"}, checkpoint_id=str(folder), no_dist=True),
+        ["'note'", "not a tensor"],
+    ),
     "nothing to collect": (
         nothing,
         ["checkpoint_dir: ", "holds no checkpoint (looked for our manifest/LATEST, "
-         "*.safetensors, *.pt/*.pth/*.bin, a DCP .metadata, an HF index); point "
+         "*.safetensors, *.pt/*.pth/*.bin, Lightning *.ckpt, a DCP .metadata, an HF index, in "
+         "any folder below); point "
          "--checkpoint-dir at the folder your script saves into, or name the file with "
          "--checkpoint-file"],
     ),

@@ -1,0 +1,223 @@
+"""Checkpoints that training scripts write themselves, found and turned into one
+``model.safetensors``.
+
+One reader per writer, each a module behind :class:`~.api.Reader` and listed in
+:data:`READERS` (a new format is one new file and one line here):
+
+* ``torch_save``: ``torch.save``d state dicts and dicts holding one (``.pt``/``.pth``/``.bin``);
+* ``lightning``: Lightning's ``.ckpt``;
+* ``safetensors_file``: a bare ``.safetensors`` file;
+* ``dcp``: a ``torch.distributed.checkpoint`` folder;
+* ``hf_sharded``: Hugging Face's sharded folders (an index and its shards).
+
+Shared by all: the search (:mod:`.search`, depth first, newest first, never a file being
+written), the rule for the files read (:mod:`.files`), which part of nested state is the model
+(:mod:`.state_select`: optimizer state is never published; ambiguity is refused, never
+guessed), the published names (:mod:`.naming`: wrapper prefixes off, checked against a model
+factory when one is known) and the one bounded writer (:mod:`.writer`).
+
+Safety: every file is held to the manifest rule before it is opened, records are read bounded,
+pickles are loaded only by ``torch.load(weights_only=True)`` (DCP's metadata by kubetrain's
+restricted unpickler, its pickled-bytes entries never).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
+from kubetrain.artifacts.checkpoint_formats.dcp import METADATA, Dcp
+from kubetrain.artifacts.checkpoint_formats.files import held_to_rule, snapshot
+from kubetrain.artifacts.checkpoint_formats.hf_sharded import HfSharded, is_index
+from kubetrain.artifacts.checkpoint_formats.lightning import Lightning
+from kubetrain.artifacts.checkpoint_formats.naming import published_names
+from kubetrain.artifacts.checkpoint_formats.safetensors_file import SafetensorsFile
+from kubetrain.artifacts.checkpoint_formats.search import (
+    Search,
+    holds_our_layout,
+    is_settled,
+    nothing_to_collect,
+    one_file,
+    search_in,
+    whole_folder,
+)
+from kubetrain.artifacts.checkpoint_formats.torch_save import TorchSave
+from kubetrain.artifacts.checkpoint_formats.writer import write_safetensors
+from kubetrain.artifacts.manifest import local_entry_problem, name_problem, shown
+from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.storage.integrity import sha256_file
+
+__all__ = [
+    "READERS", "Candidate", "Converted", "Search", "convert", "find_checkpoint",
+    "holds_our_layout", "named_checkpoint", "nothing_to_collect",
+]  # fmt: skip
+
+#: Every format collect reads besides kubetrain's own, in the order a file is offered to them.
+READERS: tuple[Reader, ...] = (Dcp(), HfSharded(), TorchSave(), Lightning(), SafetensorsFile())
+_BY_FORMAT = {fmt: reader for reader in READERS for fmt in reader.FORMATS}
+_EPOCH_IN_NAME = re.compile(r"epoch[-_=]?(\d+)", re.IGNORECASE)
+_STEP_IN_NAME = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_=]?(\d+)", re.IGNORECASE)
+
+
+def find_checkpoint(root: Path) -> Search:
+    """The newest checkpoint below ``root`` not being written (:mod:`.search`)."""
+    return search_in(READERS, root)
+
+
+# --- a file the user names -------------------------------------------------------------------
+
+_NAMED_FIX = (
+    "name a .pt/.pth/.bin/.ckpt/.safetensors file, an HF index or a DCP folder inside "
+    "--checkpoint-dir"
+)
+
+
+def named_checkpoint(root: Path, given: str) -> Candidate | Path:
+    """What ``--checkpoint-file`` names (relative to ``root``, or absolute inside it): a
+    candidate, or the Path of a kubetrain checkpoint folder (``epoch-000003``). Refused in one
+    line when it is outside ``root``, missing, of no known format, or still being written."""
+    relative = given
+    if os.path.isabs(given):
+        inside = [
+            os.path.relpath(given, base)
+            for base in (os.path.abspath(root), os.path.realpath(root))
+            if os.path.commonpath([os.path.abspath(given), base]) == base
+        ]
+        if not inside:
+            raise InvalidInput(
+                "checkpoint_file", f"{given} is outside checkpoint_dir {root}", _NAMED_FIX
+            )
+        relative = inside[0]
+    relative = relative.removeprefix("./").rstrip("/") or "."
+    problem = None if relative == "." else name_problem(relative)
+    if problem is None:
+        problem = local_entry_problem(root, relative, allow_dir=True)
+    if problem is not None:
+        raise InvalidInput("checkpoint_file", f"{shown(given)} {problem}", _NAMED_FIX)
+    path = root / relative if relative != "." else root
+    if not path.exists():
+        raise InvalidInput("checkpoint_file", f"{path} does not exist", _NAMED_FIX)
+    if path.is_dir():
+        names = sorted(os.listdir(path))
+        if "manifest.json" in names and METADATA not in names:
+            return path
+        found = whole_folder(READERS, root, "" if relative == "." else relative, names)
+        if len(found) != 1:
+            raise InvalidInput(
+                "checkpoint_file",
+                f"{path} is a folder holding no DCP .metadata or one HF index",
+                "name the model file itself with --checkpoint-file",
+            )
+        candidate = found[0]
+    else:
+        name, folder = os.path.basename(relative), os.path.dirname(relative)
+        found = whole_folder(READERS, root, folder, sorted(os.listdir(path.parent)))
+        if name == METADATA or is_index(name):
+            candidate = next((c for c in found if c.relative == relative), None)
+            if candidate is None:
+                raise InvalidInput(
+                    "checkpoint_file", f"{path} is being written (a hidden or .tmp name)",
+                    "name a complete checkpoint",
+                )  # fmt: skip
+        elif any(relative in c.files for c in found):
+            raise InvalidInput(
+                "checkpoint_file",
+                f"{path} is one shard of the checkpoint {root / found[0].relative}",
+                "name its index or DCP folder instead, which collect reads whole",
+            )
+        else:
+            candidate = one_file(READERS, root, relative)
+            if candidate is None:
+                raise InvalidInput(
+                    "checkpoint_file", f"{path} is of no format collect reads", _NAMED_FIX
+                )
+    if not is_settled(root, candidate):
+        raise IntegrityError(
+            f"checkpoint file {root / candidate.relative} is still being written (its size "
+            "changed as it was looked at); collect it once the training job has finished"
+        )
+    return candidate
+
+
+# --- converting ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert` wrote: the source's format and sha256, the sha256 of every file it
+    read (relative to the checkpoint folder), the epoch and step it recorded, the node of the
+    checkpoint the model was under, the tensors."""
+
+    source: str
+    format: str
+    source_sha256: str
+    files: dict[str, str]
+    numbers: dict[str, int]
+    state_key: str
+    tensors: int
+    sha256: str
+
+
+def _numbers_in_name(relative: str) -> dict[str, int]:
+    numbers = {}
+    for name, pattern in (("epoch", _EPOCH_IN_NAME), ("step", _STEP_IN_NAME)):
+        found = pattern.findall(relative)
+        if found:
+            numbers[name] = int(found[-1])
+    return numbers
+
+
+def convert(
+    root: Path,
+    candidate: Candidate,
+    target: Path,
+    state_key: str = "",
+    expected: Mapping[str, tuple[int, ...]] | None = None,
+    factory: str = "",
+) -> Converted:
+    """Write the model in ``candidate`` (a checkpoint in ``root``) as the safetensors file
+    ``target``: the state dict ``state_key`` names, else the one the rule finds; with
+    ``expected`` (``factory``'s tensor names and shapes) only when it loads into that model.
+
+    Every file it reads is held to the manifest rule before it is opened and hashed; a file
+    that changes while it is read (size, time or inode) fails the step: collect again once
+    the job has finished writing."""
+    reader = _BY_FORMAT[candidate.format]
+    relative = candidate.relative
+    files = reader.files(root, candidate)
+    for name in files:
+        held_to_rule(root, name)
+    before = snapshot(root, files)
+    digests = {name: sha256_file(root / name) for name in files}
+    source = reader.read(root, candidate, state_key)
+    if not source.entries:
+        raise IntegrityError(
+            f"checkpoint {root / relative} holds no tensors; save the model's state_dict() "
+            "(a dict of tensors)"
+        )
+    shapes = {name: entry.shape for name, entry in source.entries.items()}
+    names = published_names(
+        shapes, source.owner_prefix, expected, f"checkpoint {root / relative}", factory
+    )
+    order = sorted(source.entries, key=lambda name: names[name])
+    entries = [source.entries[name].renamed(names[name]) for name in order]
+    written = write_safetensors(target, entries, source.chunks(order))
+    if snapshot(root, files) != before:
+        raise IntegrityError(
+            f"checkpoint {root / relative} changed while it was collected; collect again once "
+            "the training job has finished writing it"
+        )
+    return Converted(
+        source=relative,
+        format=source.format,
+        source_sha256=digests[relative],
+        files=digests,
+        numbers={**_numbers_in_name(relative), **source.numbers},
+        state_key=source.state_key,
+        tensors=written.tensors,
+        sha256=written.sha256,
+    )

@@ -1,0 +1,121 @@
+"""Hugging Face's sharded checkpoints (``save_pretrained``, ``save_torch_state_dict``):
+``model.safetensors.index.json`` (``pytorch_model.bin.index.json``) whose ``weight_map``
+names the shard file of every tensor, the shards beside it. Read as a whole folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kubetrain.artifacts.checkpoint_formats.api import (
+    Candidate,
+    ModelSource,
+    make_candidate,
+    no_state_key,
+)
+from kubetrain.artifacts.checkpoint_formats.files import (
+    check_listed,
+    held_to_rule,
+    join,
+    read_record,
+)
+from kubetrain.artifacts.checkpoint_formats.safetensors_file import stored_source
+from kubetrain.artifacts.checkpoint_formats.torch_save import chosen_state, load, tensors_source
+from kubetrain.artifacts.checkpoint_formats.writer import safetensors_tensors
+from kubetrain.artifacts.manifest import shown
+from kubetrain.artifacts.model_card import (
+    SOURCE_HF_SHARDED_SAFETENSORS,
+    SOURCE_HF_SHARDED_TORCH_SAVE,
+)
+from kubetrain.errors import IntegrityError
+
+#: The index's name ending, by the format of its shards.
+INDEX_SUFFIXES = {
+    ".safetensors.index.json": SOURCE_HF_SHARDED_SAFETENSORS,
+    ".bin.index.json": SOURCE_HF_SHARDED_TORCH_SAVE,
+}
+
+
+def is_index(name: str) -> bool:
+    return name.endswith(tuple(INDEX_SUFFIXES))
+
+
+def _weight_map(root: Path, relative: str) -> dict[str, str]:
+    """An HF index's ``weight_map`` (tensor → shard file), every shard held to the rule."""
+    path = held_to_rule(root, relative)
+    what = f"checkpoint file {path}"
+    try:
+        index = json.loads(read_record(path))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise IntegrityError(f"{what} is not a JSON index ({exc}); refused") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise IntegrityError(
+            f"{what} has no weight_map of tensor names to shard files; save the model with "
+            "save_pretrained, or collect one shard-free file"
+        )
+    for name, shard in weight_map.items():
+        check_listed(path.parent, shard, f"{what} maps {shown(name)} to")
+    return weight_map
+
+
+def _lacks(shard: Path, name: str, relative: str) -> IntegrityError:
+    return IntegrityError(
+        f"checkpoint file {shard} lacks tensor {shown(name)}, which "
+        f"{os.path.basename(relative)} maps to it; save the model again"
+    )
+
+
+class HfSharded:
+    FORMATS = tuple(INDEX_SUFFIXES.values())
+
+    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
+        found = []
+        named = folder or root.name
+        for name in names:
+            for suffix, fmt in INDEX_SUFFIXES.items():
+                if name.endswith(suffix) and not name.startswith("."):
+                    shard_suffix = suffix.removesuffix(".index.json")
+                    files = [name] + [n for n in names if n.endswith(shard_suffix)]
+                    found.append(
+                        make_candidate(
+                            root, join(folder, name), fmt, [join(folder, n) for n in files], named
+                        )
+                    )
+        return found
+
+    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
+        return None
+
+    def files(self, root: Path, candidate: Candidate) -> list[str]:
+        folder = os.path.dirname(candidate.relative)
+        shards = {join(folder, shard) for shard in _weight_map(root, candidate.relative).values()}
+        return [candidate.relative, *sorted(shards)]
+
+    def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
+        relative = candidate.relative
+        no_state_key(state_key, f"checkpoint {root / relative}")
+        folder = os.path.dirname(relative)
+        wanted: dict[str, list[str]] = {}
+        for name, shard in _weight_map(root, relative).items():
+            wanted.setdefault(join(folder, shard), []).append(name)
+        if candidate.format == SOURCE_HF_SHARDED_SAFETENSORS:
+            stored = {}
+            for shard, names in sorted(wanted.items()):
+                in_shard = safetensors_tensors(held_to_rule(root, shard))
+                for name in names:
+                    if name not in in_shard:
+                        raise _lacks(root / shard, name, relative)
+                    stored[name] = in_shard[name]
+            return stored_source(candidate.format, stored)
+        state: dict[str, Any] = {}
+        for shard, names in sorted(wanted.items()):
+            path = held_to_rule(root, shard)
+            _, loaded = chosen_state(load(path), "", f"checkpoint file {path}")
+            for name in names:
+                if name not in loaded:
+                    raise _lacks(path, name, relative)
+                state[name] = loaded[name]
+        return tensors_source(candidate.format, state)

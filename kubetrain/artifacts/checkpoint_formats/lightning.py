@@ -1,0 +1,70 @@
+"""Lightning's ``.ckpt`` (``ModelCheckpoint``: ``lightning_logs/version_N/checkpoints/
+epoch=E-step=S.ckpt``, ``last.ckpt``): a ``torch.save``d dict whose ``state_dict`` is the
+LightningModule's, next to ``optimizer_states``, ``lr_schedulers``, ``loops``, ``callbacks``
+and ``hyper_parameters`` (Lightning's ``trainer/connectors/checkpoint_connector.py``
+``dump_checkpoint``). The module's own attribute (``self.model = Net()`` gives ``model.``)
+is taken off every name unless a model factory's names say otherwise.
+
+Loaded with ``weights_only=True``: Lightning pickles its ``AttributeDict`` (a dict subclass)
+for ``hyper_parameters``, which torch's allowlist reads as a plain ``dict`` by name
+(``add_safe_globals``' ``(object, name)`` form), so Lightning need not be installed and no
+Lightning code runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubetrain.artifacts.checkpoint_formats.api import Candidate, ModelSource, make_candidate
+from kubetrain.artifacts.checkpoint_formats.torch_save import (
+    is_auxiliary,
+    numbers_beside,
+    read_saved,
+    tensors_source,
+)
+from kubetrain.artifacts.model_card import SOURCE_LIGHTNING
+from kubetrain.errors import IntegrityError
+
+SUFFIX = ".ckpt"
+#: The key Lightning's checkpoint records its version under (``pytorch_lightning`` too).
+VERSION_KEY = "pytorch-lightning_version"
+#: Lightning's classes a checkpoint pickles, read as the plain containers they subclass.
+SAFE_GLOBALS = [
+    (dict, f"{package}.utilities.parsing.AttributeDict")
+    for package in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric")
+] + [(dict, "lightning.fabric.utilities.data.AttributeDict")]
+
+
+def _check(saved: Any, what: str) -> None:
+    if not isinstance(saved, Mapping) or VERSION_KEY not in saved:
+        raise IntegrityError(
+            f"{what} is not a Lightning checkpoint (no {VERSION_KEY!r}); save it with "
+            "Lightning's Trainer, or as a .pt file with torch.save"
+        )
+
+
+class Lightning:
+    FORMATS = (SOURCE_LIGHTNING,)
+
+    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
+        return []
+
+    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
+        name = relative.rsplit("/", 1)[-1]
+        if not name.endswith(SUFFIX) or is_auxiliary(name):
+            return None
+        return make_candidate(root, relative, SOURCE_LIGHTNING, [relative], relative)
+
+    def files(self, root: Path, candidate: Candidate) -> list[str]:
+        return [candidate.relative]
+
+    def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
+        saved, choice, state = read_saved(root, candidate, state_key, SAFE_GLOBALS, _check)
+        return tensors_source(
+            SOURCE_LIGHTNING,
+            state,
+            numbers=numbers_beside(saved),
+            state_key=choice.state_key,
+            owner_prefix=choice.state_key == "state_dict",
+        )

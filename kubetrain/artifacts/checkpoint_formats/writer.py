@@ -1,0 +1,226 @@
+"""The one writer of ``model.safetensors`` for every format: tensor by tensor, one chunk in
+memory at a time, hashed as it is written; and the check that a published model holds finite
+numbers only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from kubetrain.artifacts.manifest import shown
+from kubetrain.artifacts.safetensors_header import tensor_names
+from kubetrain.errors import IntegrityError
+from kubetrain.storage.integrity import CHUNK_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+#: Bytes per element of each safetensors dtype.
+DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+}  # fmt: skip
+#: torch's dtype names → safetensors'.
+TORCH_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32",
+    "uint64": "U64",
+}  # fmt: skip
+#: How a non-finite element of each floating dtype is told, on its bits: (numpy dtype, mask)
+#: for the exponent-all-ones formats, or the numpy float dtype itself (None).
+_NONFINITE_BITS = {
+    "F64": ("<f8", None), "F32": ("<f4", None), "F16": ("<f2", None),
+    "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F),
+}  # fmt: skip
+#: The option that publishes a model with NaN/Inf anyway, named by the refusal.
+ALLOW_NONFINITE = "--allow-nonfinite"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of the output: its published name, safetensors dtype, shape and size."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def renamed(self, name: str) -> Entry:
+        return Entry(name, self.dtype, self.shape, self.nbytes)
+
+
+class Written(NamedTuple):
+    """What a safetensors file was written with: how many tensors, and its sha256."""
+
+    tensors: int
+    sha256: str
+
+
+def write_safetensors(target: Path, entries: list[Entry], chunks: Iterable[Any]) -> Written:
+    """Write ``entries`` as a safetensors file whose data is ``chunks`` (buffers, in the
+    entries' order); returns its sha256. Holds one chunk at a time."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for entry in entries:
+        header[entry.name] = {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [offset, offset + entry.nbytes],
+        }
+        offset += entry.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as safetensors writes it
+    digest = hashlib.sha256()
+    written = 0
+    with open(target, "wb") as out:
+        for piece in (struct.pack("<Q", len(text)), text):
+            out.write(piece)
+            digest.update(piece)
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            out.write(view)
+            digest.update(view)
+            written += len(view)
+    if written != offset:  # a source that changed under us
+        raise IntegrityError(
+            f"the tensors read were {written} bytes, their shapes say {offset}; collect again "
+            "once the training job has finished writing"
+        )
+    return Written(len(entries), digest.hexdigest())
+
+
+def tensor_entry(name: str, tensor: torch.Tensor) -> Entry:
+    dtype = TORCH_DTYPES[str(tensor.dtype).removeprefix("torch.")]
+    return Entry(name, dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size())
+
+
+def tensor_bytes(tensor: torch.Tensor) -> Any:
+    """The tensor's bytes as a buffer, without a copy when it is contiguous on the CPU."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy() if flat.numel() else b""  # numpy has no bf16, fp8
+
+
+def unsupported(tensor: torch.Tensor) -> str | None:
+    """What makes ``tensor`` one safetensors cannot hold (sparse, complex...), or None."""
+    import torch
+
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.layout != torch.strided:
+        return str(tensor.layout).removeprefix("torch.")
+    return None if dtype in TORCH_DTYPES else dtype
+
+
+# --- reading a safetensors file back (no torch) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor in a safetensors file: where its bytes are."""
+
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    def entry(self, name: str) -> Entry:
+        return Entry(name, self.dtype, self.shape, self.end - self.begin)
+
+
+def safetensors_tensors(path: Path) -> dict[str, Stored]:
+    """Every tensor of a safetensors file and where its bytes are, the header checked as
+    safetensors checks it and each size against its dtype and shape (never a pickle)."""
+    try:
+        tensor_names(path)
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+    except (ValueError, struct.error) as exc:
+        raise IntegrityError(
+            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
+        ) from None
+    start = 8 + length
+    found = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape = entry["dtype"], tuple(entry["shape"])
+        begin, end = entry["data_offsets"]
+        if dtype not in DTYPE_BYTES or end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+            raise IntegrityError(
+                f"checkpoint file {path}: tensor {shown(name)} of dtype {shown(dtype)} and shape "
+                f"{list(shape)} does not fit its {end - begin} bytes; refused unread"
+            )
+        found[name] = Stored(path, dtype, shape, start + begin, start + end)
+    return found
+
+
+def copy_ranges(stored: list[Stored]) -> Iterator[bytes]:
+    """The bytes of ``stored`` in order, read CHUNK_BYTES at a time (a whole number of
+    elements per chunk: CHUNK_BYTES is a multiple of every element size)."""
+    handles: dict[Path, Any] = {}
+    try:
+        for tensor in stored:
+            if tensor.path not in handles:
+                handles[tensor.path] = open(tensor.path, "rb")  # noqa: SIM115 (closed below)
+            handle = handles[tensor.path]
+            handle.seek(tensor.begin)
+            left = tensor.end - tensor.begin
+            while left:
+                chunk = handle.read(min(left, CHUNK_BYTES))
+                if not chunk:
+                    raise IntegrityError(
+                        f"checkpoint file {tensor.path} ended early; collect again"
+                    )
+                left -= len(chunk)
+                yield chunk
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+# --- finite numbers only -----------------------------------------------------------------------
+
+
+def first_nonfinite(dtype: str, chunk: Any) -> int | None:
+    """Index in ``chunk`` (a buffer of ``dtype`` elements) of the first NaN or Inf, or None;
+    integer and bool dtypes have none."""
+    import numpy as np
+
+    if dtype not in _NONFINITE_BITS:
+        return None
+    numpy_dtype, mask = _NONFINITE_BITS[dtype]
+    values = np.frombuffer(chunk, dtype=numpy_dtype)
+    bad = ~np.isfinite(values) if mask is None else (values & mask) == mask
+    found = np.flatnonzero(bad)
+    return int(found[0]) if found.size else None
+
+
+def refuse_nonfinite(path: Path, what: str) -> None:
+    """Refuse the safetensors file ``path`` (the model about to be published) in one line
+    naming its first tensor holding a NaN or Inf: a model whose training diverged."""
+    tensors = safetensors_tensors(path)
+    for name in sorted(tensors, key=lambda n: tensors[n].begin):
+        stored = tensors[name]
+        if stored.dtype not in _NONFINITE_BITS:
+            continue
+        width, seen = DTYPE_BYTES[stored.dtype], 0
+        for chunk in copy_ranges([stored]):
+            index = first_nonfinite(stored.dtype, chunk)
+            if index is not None:
+                raise IntegrityError(
+                    f"{what}: tensor {shown(name)} holds NaN or Inf (element {seen + index} of "
+                    f"shape {list(stored.shape)}), a model whose training diverged; collect an "
+                    f"earlier checkpoint with --checkpoint-file, or publish it anyway with "
+                    f"{ALLOW_NONFINITE}"
+                )
+            seen += len(chunk) // width

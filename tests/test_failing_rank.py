@@ -22,6 +22,7 @@ from kubetrain.backends.local.supervisor import name_failing_rank
 from kubetrain.backends.torchrun_report import (
     RankFailure,
     first_failure,
+    rank_traceback,
     root_cause,
     torchrun_failure,
 )
@@ -170,6 +171,33 @@ def test_a_worker_that_failed_before_joining_the_group_is_found_in_plain_traceba
     )
 
 
+def test_the_failing_rank_traceback_is_taken_whole_with_tee_and_chained():
+    """``rank_traceback``: the rank the report names, under torchrun ``--tee`` among its
+    local rank's lines (``[default0]:[rank2]: ...``), a chained exception from its first
+    traceback; untagged, the worker's and never torchrun's own."""
+    chained = [
+        "Traceback (most recent call last):",
+        '  File "/tmp/crash.py", line 6, in <module>',
+        "KeyError: 'lr'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "/tmp/crash.py", line 8, in <module>',
+        "RuntimeError: boom on rank 2",
+    ]
+    tee = [f"[default0]:[rank2]: {line}" if line else "[default0]:" for line in chained]
+    log = [*tee, "[default1]:[rank3]: RuntimeError: peer", *TORCHRUN_OWN_TRACEBACK.splitlines()]
+    log += report(2, 0, "1", NO_ERROR_FILE, "t").splitlines()
+    assert rank_traceback(log) == [line for line in tee if line != "[default0]:"]
+    assert torchrun_failure(log).describe() == "[rank 2] RuntimeError: boom on rank 2"
+    untagged = [*chained, *TORCHRUN_OWN_TRACEBACK.splitlines()]
+    untagged += report(2, 0, "1", NO_ERROR_FILE, "t").splitlines()
+    assert rank_traceback(untagged) == chained
+    killed = TORCHRUN_OWN_TRACEBACK + report(2, 0, "-9", "Signal 9 (SIGKILL)", "t")
+    assert rank_traceback(killed.splitlines()) == []
+
+
 def test_the_rank_that_failed_by_itself_is_chosen_over_the_peers_it_took_down():
     """Node 0's report (rank 1, connection closed by peer) is as early as node 1's, and node
     0 may well exit first: the cause is rank 2's own exception."""
@@ -265,7 +293,8 @@ def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp
     assert "node 1 exited with code 1: [rank 2] RuntimeError: boom on rank 2" in cause, error
     assert "closed by peer" not in error, error
     assert waited.stderr.rstrip().splitlines()[-1] == error.rstrip(), "the cause comes last"
-    assert "last 20 lines of node 1:" in waited.stderr[: waited.stderr.index(error)]
+    before = waited.stderr[: waited.stderr.index(error)]
+    assert "rank 2 failed on node 1:\n[rank2]: Traceback (most recent call last):" in before
 
     # The KFP face: `kubetrain run` takes a failed step's cause from its last line (it read
     # the "=====" closing torchrun's report when the node's tail came after the cause).

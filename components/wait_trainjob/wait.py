@@ -1,5 +1,6 @@
-"""Wait step: follow a job to Complete or Failed, streaming rank-0 logs, and fail with the
-failing node's exit code and its last log lines."""
+"""Wait step: follow a job to Complete or Failed, streaming global rank 0's log lines (node
+0's log as ``NodeLogView`` shows it: torchrun's failure report folded), and fail with the
+failing node's exit code, after the failing rank's traceback where wait has not shown it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubetrain.backends import BackendOptions, get_backend
-from kubetrain.backends.base import COMPLETE, Backend, JobStatus
+from kubetrain.backends.base import COMPLETE, Backend, JobStatus, NodeStatus
 from kubetrain.backends.local.files import KEEP_FILES_ENV
-from kubetrain.backends.torchrun_report import root_cause, torchrun_failure
+from kubetrain.backends.torchrun_output import NodeLogView, folded
+from kubetrain.backends.torchrun_report import rank_traceback, root_cause, torchrun_failure
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.names import derive_job_name
 
@@ -42,10 +44,14 @@ class WaitResult:
 class JobFailed(KubetrainError):
     """The job ended Failed; the exit code is the failing node's (128+N for signal N). Its
     message is one line, the cause (the failing rank's exception where a log names it);
-    ``log_tail`` holds the failing node's last lines, which a face prints before that line so
-    a step's log (and `kubetrain run`'s cause, its last line) ends with the cause."""
+    ``log_tail`` holds what of the failing node's log was not shown yet (``failure_context``),
+    which a face prints before that line so a step's log (and `kubetrain run`'s cause, its
+    last line) ends with the cause. ``streamed``: the view wait streamed node 0's log through,
+    None when it streamed nothing."""
 
-    def __init__(self, status: JobStatus, last_lines: list[str]) -> None:
+    def __init__(
+        self, status: JobStatus, last_lines: list[str], streamed: NodeLogView | None = None
+    ) -> None:
         node = status.failed_node
         code = node.exit_code if node is not None and node.exit_code is not None else 1
         exit_code = 128 - code if code < 0 else (code if 0 < code < 256 else 1)
@@ -56,17 +62,34 @@ class JobFailed(KubetrainError):
                 message += f"; {named}"
         if cause := root_cause(last_lines):
             message += f"; torchrun: {cause}"
-        shown = last_lines[-FAILURE_LOG_LINES:]
-        self.log_tail = (
-            [f"last {len(shown)} lines of node {node.rank}:", *shown]
-            if node is not None and shown
-            else []
-        )
+        self.log_tail = failure_context(node, last_lines, streamed)
         super().__init__(message, exit_code=exit_code)
         self.status = status
 
     def context_lines(self) -> list[str]:
         return self.log_tail
+
+
+def failure_context(
+    node: NodeStatus | None, lines: list[str], streamed: NodeLogView | None
+) -> list[str]:
+    """What the failing node's log adds to the error line, each thing once: the failing
+    rank's traceback (``rank_traceback``) unless wait streamed it already, else, when wait
+    did not stream that node, its last lines with torchrun's report folded (the error line
+    names the report's root cause)."""
+    if node is None or not lines:
+        return []
+    seen = streamed is not None and streamed.node == node.rank
+    if traceback := rank_traceback(lines):
+        if seen and streamed.shows(traceback):
+            return []
+        failure = torchrun_failure(lines)
+        whose = f"rank {failure.rank}" if failure and failure.rank is not None else "the rank"
+        return [f"{whose} failed on node {node.rank}:", *traceback]
+    if seen:
+        return []
+    shown = folded(lines)[-FAILURE_LOG_LINES:]
+    return [f"last {len(shown)} lines of node {node.rank}:", *shown] if shown else []
 
 
 def last_log_lines(
@@ -151,14 +174,20 @@ def wait_for_job(
             )
     backend_impl = get_backend(backend, options)
     started = time.monotonic()
-    status = backend_impl.wait(
-        job_name,
-        timeout=timeout_seconds or None,
-        on_log_line=on_log_line,
-        stall_timeout=stall_timeout_seconds or None,
-    )
+    view = NodeLogView(0) if on_log_line is not None else None  # node 0 holds global rank 0
+    try:
+        status = backend_impl.wait(
+            job_name,
+            timeout=timeout_seconds or None,
+            on_log_line=_through(view, on_log_line),
+            stall_timeout=stall_timeout_seconds or None,
+        )
+    finally:
+        if view is not None and on_log_line is not None:
+            for line in view.flush():
+                on_log_line(line)
     if status.state != COMPLETE:
-        raise JobFailed(status, last_log_lines(backend_impl, status, CAUSE_LOG_LINES))
+        raise JobFailed(status, last_log_lines(backend_impl, status, CAUSE_LOG_LINES), view)
     return WaitResult(
         job_name=job_name,
         state=status.state,
@@ -166,3 +195,17 @@ def wait_for_job(
         message=status.message,
         duration_seconds=round(time.monotonic() - started, 3),
     )
+
+
+def _through(
+    view: NodeLogView | None, on_log_line: Callable[[str], None] | None
+) -> Callable[[str], None] | None:
+    """``on_log_line`` fed the lines ``view`` shows."""
+    if view is None or on_log_line is None:
+        return None
+
+    def shown(line: str) -> None:
+        for kept in view.feed(line):
+            on_log_line(kept)
+
+    return shown

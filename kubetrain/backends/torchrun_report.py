@@ -7,8 +7,11 @@ trainer's ``record_for_torchrun``), its traceback; otherwise the block says "To 
 traceback see: ...", and the exception is in the node's log, each line prefixed ``[rankN]: ``
 by the hook ``init_process_group`` installs (torch 2.13: ``torch/distributed/elastic/
 multiprocessing/errors/__init__.py`` ``_FAILURE_FORMAT_TEMPLATE``/``_MSG_FORMAT_TEMPLATE``,
-``torch/distributed/distributed_c10d.py`` ``_distributed_excepthook``; torchrun without
-``--redirects``/``--tee``, as we run it, passes the workers' output through unchanged).
+``torch/distributed/distributed_c10d.py`` ``_distributed_excepthook``). torchrun without
+``--redirects``/``--tee``, as we run it, passes the workers' output through unchanged; with
+``--tee`` every worker line starts with ``[default<local rank>]:`` (``torch/distributed/
+elastic/multiprocessing/tail_log.py`` ``TailLog.start``, the role's name, ``default`` unless
+``--role``), which is set aside before the lines are read.
 The node's exit code alone (1) hides which rank failed, and how.
 """
 
@@ -25,11 +28,18 @@ _FIELD = re.compile(r"^\s*(time|rank|exitcode|traceback)\s*:\s?(.*)$")
 _RANK = re.compile(r"^(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
 _BORDER = re.compile(r"^(=+|-+)$")
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+#: torchrun ``--tee``'s tag of a worker's line: its local rank, under the default role.
+_TEE_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$")
 TRACEBACK_HEADER = "Traceback (most recent call last):"
+#: Python's lines between the tracebacks of a chained exception.
+_CHAIN_LINES = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
 #: What the report's traceback says when the worker wrote no error file, or was signalled.
 _NO_TRACEBACK = ("To enable traceback see:", "Signal ")
 #: torchrun's own traceback ends with this exception line; it is never a worker's.
-_TORCHRUN_EXCEPTION = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+TORCHRUN_EXCEPTION = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 #: A rank that failed because another one went away says so (gloo: "Connection closed by
 #: peer ... typically caused by a remote worker crashing"): a consequence, not the cause.
 _PEER_GONE = ("closed by peer", "reset by peer", "remote worker crashing", "Broken pipe")
@@ -73,22 +83,37 @@ class RankFailure:
         return f"{where} {self.exception or how}"
 
 
+def rank_tags(line: str) -> tuple[int | None, int | None, str]:
+    """(the local rank torchrun ``--tee``'s tag names, the global rank torch's excepthook tag
+    names, the text after them) of a node's log line; None for a tag the line does not carry
+    (a line with neither is torchrun's own, or a worker's untagged output)."""
+    local = None
+    if tee := _TEE_PREFIX.match(line):
+        local, line = int(tee.group(1)), tee.group(2)
+    if hook := _RANK_PREFIX.match(line):
+        return local, int(hook.group(1)), hook.group(2)
+    return local, None, line
+
+
+def _untee(lines: Iterable[str]) -> list[str]:
+    """The lines without torchrun ``--tee``'s tag, as torchrun prints them without it."""
+    return [_TEE_PREFIX.sub(r"\2", line, count=1) for line in lines]
+
+
 def exception_line(traceback_lines: Sequence[str]) -> str:
     """The exception line of the last Python traceback in ``traceback_lines``: the first
     unindented line after its last "Traceback (most recent call last):" (frames are
     indented; a chained exception has a header of its own)."""
     starts = [i for i, line in enumerate(traceback_lines) if line.startswith(TRACEBACK_HEADER)]
-    for line in traceback_lines[starts[-1] + 1 :] if starts else ():
-        if line.strip() and not line[0].isspace():
-            return line.strip()
-    return ""
+    end = _exception_index(traceback_lines, starts[-1]) if starts else None
+    return "" if end is None else traceback_lines[end].strip()
 
 
 def torchrun_failure(lines: Iterable[str]) -> RankFailure | None:
     """The root cause of the last torchrun report in ``lines`` (a node's log), with the
     worker's exception from the report's traceback or else from the rank's ``[rankN]:``
     lines; None when there is no report."""
-    lines = list(lines)
+    lines = _untee(lines)
     header = max((i for i, line in enumerate(lines) if ROOT_CAUSE_HEADER in line), default=None)
     if header is None:
         return None
@@ -137,7 +162,7 @@ def rank_exception(lines: Sequence[str], rank: int) -> str:
     starts = [i for i, line in enumerate(plain) if line.startswith(TRACEBACK_HEADER)]
     for start, end in reversed(list(pairwise([*starts, len(plain)]))):
         found = exception_line(plain[start:end])
-        if found and not found.startswith(_TORCHRUN_EXCEPTION):
+        if found and not found.startswith(TORCHRUN_EXCEPTION):
             return found
     return ""
 
@@ -171,6 +196,7 @@ def first_failure(node_logs: Mapping[int, Sequence[str]]) -> tuple[int, RankFail
     report before a report of a consequence. Every node's torchrun reports its own first
     failure; the node that exits first is not always the one whose rank failed first (a rank
     blocked in a collective fails as soon as its peer's connection closes)."""
+    node_logs = {node: _untee(lines) for node, lines in node_logs.items()}
     reports = [
         (node, failure)
         for node, lines in node_logs.items()
@@ -196,3 +222,57 @@ def root_cause(lines: Iterable[str]) -> str | None:
         if failure.local_rank is not None:
             where += f" (local rank {failure.local_rank})"
     return f"{where} {describe_code(failure.exit_code)}"
+
+
+def rank_traceback(lines: Sequence[str]) -> list[str]:
+    """The failing rank's traceback in a node's log, its lines as written (tags included):
+    that of the rank torchrun's last report names, from its ``[rankN]:`` lines (under
+    ``--tee``, among its local rank's), else the last untagged traceback that is not
+    torchrun's own (a worker that failed before ``init_process_group``, a program run
+    without torchrun). A chained exception comes whole; [] when there is none."""
+    failure = torchrun_failure(lines)
+    tagged = [(i, *rank_tags(line)) for i, line in enumerate(lines)]
+    if failure is not None and failure.local_rank is not None:
+        if any(local is not None for _, local, _, _ in tagged):
+            tagged = [tag for tag in tagged if tag[1] == failure.local_rank]
+    if failure is not None and failure.rank is not None:
+        own = [(i, text) for i, _, rank, text in tagged if rank == failure.rank]
+        if found := _last_traceback([text for _, text in own]):
+            return [lines[i] for i, _ in own[found[0] :]]  # the hook tags only tracebacks
+    plain = [(i, text) for i, _, rank, text in tagged if rank is None]
+    if found := _last_traceback([text for _, text in plain]):
+        start, end = found
+        return [lines[i] for i, _ in plain[start:end]]
+    return []
+
+
+def _exception_index(texts: Sequence[str], header: int) -> int | None:
+    """Where the exception line of the traceback at ``header`` is: its first unindented
+    line (frames are indented); None when the traceback was cut short."""
+    return next(
+        (
+            n
+            for n in range(header + 1, len(texts))
+            if texts[n].strip() and not texts[n][0].isspace()
+        ),
+        None,
+    )
+
+
+def _last_traceback(texts: Sequence[str]) -> tuple[int, int] | None:
+    """(start, end) of the last traceback in ``texts`` that is not torchrun's own, from the
+    first traceback of its chain (Python joins them with "During handling of the above
+    exception...") to its exception line; None when there is none."""
+    headers = [n for n, text in enumerate(texts) if text.startswith(TRACEBACK_HEADER)]
+    for later, header in reversed(list(enumerate(headers))):
+        end = _exception_index(texts, header)
+        if end is not None and texts[end].startswith(TORCHRUN_EXCEPTION):
+            continue
+        start = header
+        for earlier in reversed(headers[:later]):
+            between = [text.strip() for text in texts[earlier:start] if text.strip()]
+            if not (between and between[-1] in _CHAIN_LINES):
+                break
+            start = earlier
+        return start, len(texts) if end is None else end + 1
+    return None

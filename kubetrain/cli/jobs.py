@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from kubetrain.backends import get_backend
@@ -39,8 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print a job's logs",
         description=(
             "Print a job's logs: every node's, each line prefixed with [node-N], or one node's. "
-            "Rank 0's progress records are drawn as a live bar with --follow on a terminal; "
-            "--raw prints them as written."
+            "Lines tagged with another rank than global rank 0 (torch's [rankN]: traceback "
+            "lines, torchrun --tee's [defaultN]: lines) are left out unless --all-ranks; "
+            "torchrun's failure report (ChildFailedError) is folded to one line. Rank 0's "
+            "progress records are drawn as a live bar with --follow on a terminal. --raw "
+            "prints every line as written."
         ),
     )
     logs.add_argument("name", help="job name")
@@ -55,11 +60,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--follow", "-f", action="store_true", help="keep printing new lines until the job ends"
     )
     logs.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="also print the lines of every other rank (a node's local ranks 1 and up, the "
+        "ranks of the other nodes); by default those a rank tag names are left out",
+    )
+    logs.add_argument(
         "--raw",
         action="store_true",
-        help="print every line as written, rank 0's progress records (kubetrain-progress "
-        "JSON) included; by default they are a live bar with --follow on a terminal, else "
-        "left out",
+        help="print every line as written: every rank's, torchrun's failure report whole, "
+        "rank 0's progress records (kubetrain-progress JSON) included; by default records "
+        "are a live bar with --follow on a terminal, else left out",
     )
     logs.set_defaults(handler=run_logs)
 
@@ -140,9 +151,29 @@ def run_logs(args: argparse.Namespace) -> int:
     # records is noise; while following, they are the live bar (or a line now and then).
     live = args.follow and sys.stdout.isatty()
     with ProgressDisplay(sys.stdout, LIVE if live else PLAIN) as display:
-        for line in lines:
+        for line in node_views(lines, args.node, args.all_ranks):
             display.feed(line)
     return 0
+
+
+#: How a backend prefixes a line when it reads several nodes' logs.
+NODE_PREFIX = re.compile(r"^(\[node-(\d+)\] )(.*)$", re.DOTALL)
+
+
+def node_views(lines: Iterable[str], node: int | None, all_ranks: bool) -> Iterator[str]:
+    """``lines`` (one node's, or several prefixed ``[node-N]``) as each node's
+    ``NodeLogView`` shows them."""
+    from kubetrain.backends.torchrun_output import NodeLogView
+
+    views: dict[str, NodeLogView] = {}
+    for line in lines:
+        prefix, index, text = "", node or 0, line
+        if node is None and (match := NODE_PREFIX.match(line)):
+            prefix, index, text = match.group(1), int(match.group(2)), match.group(3)
+        view = views.setdefault(prefix, NodeLogView(index, all_ranks))
+        yield from (prefix + shown for shown in view.feed(text))
+    for prefix, view in views.items():
+        yield from (prefix + shown for shown in view.flush())
 
 
 def run_delete(args: argparse.Namespace) -> int:

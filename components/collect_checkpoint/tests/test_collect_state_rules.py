@@ -327,3 +327,18 @@ def test_the_search_goes_deep_but_not_into_our_own_folders(tmp_path, capsys) -> 
     os.utime(deep / "model.pt", (old, old))
     card = collect_ok(capsys, tmp_path / "ckpt", tmp_path / "model")
     assert card["source_file"] == "a/b/c/d/model.pt"
+
+
+def test_a_pickled_attribute_dict_is_read_as_a_dict_without_running_lightning(tmp_path, capsys):
+    """Lightning's AttributeDict (older releases pickle ``hparams`` as one) is allowlisted by
+    name as a plain dict: weights_only alone refuses the file."""
+    data = pytest.importorskip("lightning.fabric.utilities.data")
+    checkpoint = lightning_checkpoint(STATE, 2, 30)
+    checkpoint["hyper_parameters"] = data.AttributeDict(lr=0.001, hidden=32)
+    (tmp_path / "ckpt").mkdir()
+    torch.save(checkpoint, tmp_path / "ckpt" / "last.ckpt")
+    with pytest.raises(Exception, match="Unsupported global"):
+        torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    card = collect_ok(capsys, tmp_path / "ckpt", tmp_path / "model")
+    assert_published(tmp_path / "model", STATE)
+    assert (card["source_format"], card["epoch"], card["step"]) == ("lightning", 2, 30)

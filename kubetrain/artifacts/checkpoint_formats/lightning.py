@@ -5,10 +5,11 @@ and ``hyper_parameters`` (Lightning's ``trainer/connectors/checkpoint_connector.
 ``dump_checkpoint``). The module's own attribute (``self.model = Net()`` gives ``model.``)
 is taken off every name unless a model factory's names say otherwise.
 
-Loaded with ``weights_only=True``: Lightning pickles its ``AttributeDict`` (a dict subclass)
-for ``hyper_parameters``, which torch's allowlist reads as a plain ``dict`` by name
-(``add_safe_globals``' ``(object, name)`` form), so Lightning need not be installed and no
-Lightning code runs."""
+Loaded with ``weights_only=True``. Lightning 2.6 saves ``hyper_parameters`` as a plain dict,
+but older releases (and ``hparams`` a script saves itself) pickle Lightning's ``AttributeDict``,
+a dict subclass, which torch's allowlist reads as a plain ``dict`` by name (the
+``(object, name)`` form of ``torch.serialization.safe_globals``): Lightning need not be
+installed and none of its code runs."""
 
 from __future__ import annotations
 
@@ -31,9 +32,14 @@ SUFFIX = ".ckpt"
 VERSION_KEY = "pytorch-lightning_version"
 #: Lightning's classes a checkpoint pickles, read as the plain containers they subclass.
 SAFE_GLOBALS = [
-    (dict, f"{package}.utilities.parsing.AttributeDict")
-    for package in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric")
-] + [(dict, "lightning.fabric.utilities.data.AttributeDict")]
+    (dict, f"{module}.AttributeDict")
+    for module in (
+        "lightning.fabric.utilities.data",
+        "lightning.pytorch.utilities.parsing",
+        "pytorch_lightning.utilities.parsing",
+        "lightning_fabric.utilities.data",
+    )
+]
 
 
 def _check(saved: Any, what: str) -> None:

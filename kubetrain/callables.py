@@ -5,7 +5,10 @@ only a module that imports torch itself pays for it."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from kubetrain.errors import InvalidInput
@@ -17,7 +20,7 @@ def import_callable(spec: str, option: str, fix: str) -> Callable[..., Any]:
     if not sep or not module_name or not attribute:
         raise InvalidInput(option, f"{spec!r} is not of the form package.module:callable", fix)
     try:
-        module = importlib.import_module(module_name)
+        module = import_from_here(module_name)
     except ImportError as exc:
         raise InvalidInput(option, f"cannot import module {module_name!r} ({exc})", fix) from exc
     target: Any = module
@@ -30,3 +33,18 @@ def import_callable(spec: str, option: str, fix: str) -> Callable[..., Any]:
     if not callable(target):
         raise InvalidInput(option, f"{spec!r} is not callable", fix)
     return target
+
+
+def import_from_here(module_name: str) -> ModuleType:
+    """Import ``module_name`` as `python -m` would in this folder: the current folder first.
+    A console script (`kubetrain ...`) does not put it on ``sys.path``, so without this a
+    factory beside the user's script would import under `python -m kubetrain` only."""
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added:
+            sys.path.remove(here)

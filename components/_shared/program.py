@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from kubetrain.errors import InvalidInput
 
@@ -46,3 +47,14 @@ def parse_command(text: str, option: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(part, str) and part for part in value):
         raise InvalidInput(option, f"{text!r} is not a list of texts", FIX)
     return tuple(value)
+
+
+def absolute_location(location: str) -> str:
+    """A local path made absolute against this process's folder, the caller's: a program
+    runs elsewhere (a node in its checkpoint folder) and may change folder. A URL (s3://,
+    file://) and an empty text stay as they are."""
+    from kubetrain import storage
+
+    if not location or not storage.is_local(location) or location.startswith("file:"):
+        return location
+    return os.path.abspath(location)

@@ -10,6 +10,7 @@ from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
+from kubetrain.errors import InvalidInput
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,16 +23,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "if accuracy >= --threshold, 3 if it is below. With your own evaluation program "
             "after '--', run it instead with KUBETRAIN_MODEL_DIR, KUBETRAIN_DATA_DIR and "
             "KUBETRAIN_METRICS_FILE (where it writes a JSON object of metric -> number) and gate "
-            "on --metric, e.g. `--metric loss --below 0.2 -- python eval.py`."
+            "on --metric, e.g. `--metric loss --below 0.2 -- python eval.py`; it runs with your "
+            "PATH, so `python` is your shell's."
         ),
     )
     parser.add_argument("--model", required=True, help="folder written by `kubetrain collect`")
-    parser.add_argument("--data", required=True, help="dataset folder written by `kubetrain prep`")
+    parser.add_argument(
+        "--data",
+        default="",
+        help="dataset folder written by `kubetrain prep`; optional with your own program, "
+        "which then gets no KUBETRAIN_DATA_DIR and brings its own data",
+    )
     parser.add_argument(
         "--threshold",
-        type=float,
-        default=0.95,
-        help="accuracy (a fraction) the model must reach; default 0.95",
+        type=_optional_number,
+        default=None,
+        help="pass when --metric is at least this (accuracy: a fraction); default 0.95 for "
+        "accuracy, none for another metric, which needs --threshold or --below",
     )
     parser.add_argument(
         "--metric",
@@ -98,12 +106,19 @@ def run(args: argparse.Namespace) -> int:
     from kubetrain.components.evaluate_model.report import check_report_dir, write_report
     from kubetrain.storage.atomic import write_json
 
+    if not args.data:
+        raise InvalidInput(
+            "--data",
+            "is not given",
+            "give the dataset folder written by `kubetrain prep` (only your own program after "
+            "-- may go without)",
+        )
     report_inputs = {"model": args.model, "data": args.data}
     if args.report:  # the output rule, before the evaluation and the metrics file
         check_report_dir(args.report, report_inputs)
-    gate = Gate(args.metric, args.threshold, args.below).validate().check_ours()
+    gate = Gate.of(args.metric, args.threshold, args.below, ours=True)
     result = evaluate_model(
-        args.model, args.data, threshold=args.threshold, model_factory=args.model_factory
+        args.model, args.data, threshold=gate.threshold, model_factory=args.model_factory
     )
     metrics = result.as_dict()
     passed = gate.passes({"accuracy": result.accuracy, "loss": result.loss})
@@ -146,10 +161,10 @@ def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     )
     from kubetrain.storage.atomic import write_json
 
-    report_inputs = {"model": args.model, "data": args.data}
+    report_inputs = {"model": args.model, **({"data": args.data} if args.data else {})}
     if args.report:
         check_report_dir(args.report, report_inputs)
-    gate = Gate(args.metric, args.threshold, args.below)
+    gate = Gate.of(args.metric, args.threshold, args.below)
     result = evaluate_with_program(command, args.model, args.data, gate)
     metrics = {**result.metrics, "passed": result.passed}
     if args.json:

@@ -10,11 +10,11 @@ from kubetrain.images import COMPONENT_IMAGE
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def evaluate_model(
     model: dsl.Input[dsl.Model],
-    dataset: dsl.Input[dsl.Dataset],
     metrics: dsl.Output[dsl.Metrics],
     classification_metrics: dsl.Output[dsl.ClassificationMetrics],
     report: dsl.Output[dsl.HTML],
-    threshold: float = 0.95,
+    dataset: Optional[dsl.Input[dsl.Dataset]] = None,  # noqa: UP045
+    threshold: Optional[float] = None,  # noqa: UP045
     model_factory: str = "",
     command: Optional[list] = None,  # noqa: UP045 (KFP reads the annotation)
     metric: str = "accuracy",
@@ -23,13 +23,15 @@ def evaluate_model(
     "EvaluateOutputs", [("passed", bool), ("accuracy", float), ("metric_value", float)]
 ):
     """Score the model on the held-out split; ``passed`` (``metric`` >= ``threshold``, or <
-    ``below``) is for dsl.If. ``report`` is one self-contained HTML page (images embedded)
+    ``below``) is for dsl.If. ``threshold`` none: 0.95 for accuracy; another metric needs
+    ``threshold`` or ``below``. ``report`` is one self-contained HTML page (images embedded)
     that the KFP UI renders. ``model_factory``: package.module:callable building a model of
     custom code, which the model card's spec alone never imports.
 
     ``command`` (a list) runs your own evaluation program instead, with KUBETRAIN_MODEL_DIR,
     KUBETRAIN_DATA_DIR and KUBETRAIN_METRICS_FILE (where it writes a JSON object of metric ->
-    number); every metric it writes is logged to ``metrics``, accuracy and loss first.
+    number); ``dataset`` is optional then (no KUBETRAIN_DATA_DIR: the program brings its own
+    data). Every metric it writes is logged to ``metrics``, accuracy and loss first.
     ``accuracy`` is 0.0 when it writes none; ``metric_value`` is the gated metric's value.
     Our evaluation logs accuracy, loss and test_samples to ``metrics``; per-class figures go to
     ``classification_metrics`` (the confusion matrix) and the report."""
@@ -42,16 +44,18 @@ def evaluate_model(
         folder_name,
     )
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
+    from kubetrain.errors import InvalidInput
     from kubetrain.process_exit import skip_exit_collection
     from kubetrain.storage.atomic import write_text
 
     outputs = namedtuple("EvaluateOutputs", ["passed", "accuracy", "metric_value"])
-    gate = Gate(metric, threshold, below).validate()
+    gate = Gate.of(metric, threshold, below, ours=not command)
+    data_dir = dataset.path if dataset is not None else ""
     if command:
         from kubetrain.artifacts.model_card import read_model_card
         from kubetrain.components.evaluate_model.report import Verdict, metrics_report
 
-        done = evaluate_with_program(command, model.path, dataset.path, gate)
+        done = evaluate_with_program(command, model.path, data_dir, gate)
         leading = [name for name in ("accuracy", "loss") if name in done.metrics]
         for name in [*leading, *sorted(set(done.metrics) - set(leading))]:
             metrics.log_metric(name, done.metrics[name])
@@ -61,8 +65,14 @@ def evaluate_model(
         write_text(report.path, page.html)
         print(f"{gate.describe()}: {'passed' if done.passed else 'not passed'}")
         return outputs(done.passed, done.metrics.get("accuracy", 0.0), done.metrics[gate.metric])
-    gate.check_ours()
-    result = evaluate(model.path, dataset.path, threshold=threshold, model_factory=model_factory)
+    if not data_dir:
+        raise InvalidInput(
+            "dataset",
+            "is not given",
+            "give the dataset written by the prep step (only your "
+            "own evaluation program in command may go without)",
+        )
+    result = evaluate(model.path, data_dir, threshold=gate.threshold, model_factory=model_factory)
     passed = gate.passes({"accuracy": result.accuracy, "loss": result.loss})
     # Accuracy and loss lead: kfp keeps the order they are logged in (Metrics.log_metric sets
     # a dict key, kfp 2.17 kfp/dsl/types/artifact_types.py), but the KFP UI lists an artifact's
@@ -74,7 +84,7 @@ def evaluate_model(
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("test_samples", result.samples)
     classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
-    write_text(report.path, evaluation_report(model.path, dataset.path, result, gate).html)
+    write_text(report.path, evaluation_report(model.path, data_dir, result, gate).html)
     print(
         f"accuracy {result.accuracy:.3f} ({gate.describe()}): "
         f"{'passed' if passed else 'below threshold'}"

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from kubetrain.components.evaluate_model.report import Report
 
 EVAL_BATCH_SIZE = 1024
+#: The bar accuracy must reach when none is given. No other metric has one: whether it passes
+#: above a bound (an F1) or below one (a loss) is for the user to say.
+DEFAULT_ACCURACY_THRESHOLD = 0.95
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,10 @@ def per_class_counts(
 
 
 def evaluate_model(
-    model_dir: str, data_dir: str, threshold: float = 0.95, model_factory: str = ""
+    model_dir: str,
+    data_dir: str,
+    threshold: float = DEFAULT_ACCURACY_THRESHOLD,
+    model_factory: str = "",
 ) -> Evaluation:
     """Score the model in ``model_dir`` on the test split of ``data_dir``.
 
@@ -168,8 +174,33 @@ class Gate:
     """When a model passes: ``metric`` at least ``threshold``, or (with ``below``) under it."""
 
     metric: str = "accuracy"
-    threshold: float = 0.95
+    threshold: float = DEFAULT_ACCURACY_THRESHOLD
     below: float | None = None
+
+    @classmethod
+    def of(
+        cls, metric: str, threshold: float | None, below: float | None, ours: bool = False
+    ) -> Gate:
+        """The gate a step's options ask for, validated (every face builds it here):
+        ``threshold`` none is the default for accuracy, and refused for any other metric
+        without ``below``, which would pass at ``>= 0.95`` whatever it measures. ``ours``:
+        our evaluation scores, which measures accuracy and loss only."""
+        if ours and metric not in OUR_METRICS:
+            raise InvalidInput(
+                "metric",
+                f"{metric!r} is not one of ours",
+                "use accuracy or loss, or give your evaluation program",
+            )
+        gate = cls(metric, DEFAULT_ACCURACY_THRESHOLD if threshold is None else threshold, below)
+        gate.validate()
+        if threshold is None and below is None and metric != "accuracy":
+            raise InvalidInput(
+                "metric",
+                f"{metric!r} is gated on no bound, so passing is ambiguous",
+                f"give --threshold X (pass when {metric} >= X) or --below X (pass when "
+                f"{metric} < X) with --metric {metric}",
+            )
+        return gate
 
     def validate(self) -> Gate:
         if not isinstance(self.metric, str) or not self.metric:
@@ -179,16 +210,6 @@ class Gate:
                 raise InvalidInput(field_name, f"{value} is not a finite number", "give a number")
         if self.metric == "accuracy" and self.below is None:
             validate_threshold(self.threshold)
-        return self
-
-    def check_ours(self) -> Gate:
-        """Our evaluation measures accuracy and loss only."""
-        if self.metric not in OUR_METRICS:
-            raise InvalidInput(
-                "metric",
-                f"{self.metric!r} is not one of ours",
-                "use accuracy or loss, or give your evaluation program",
-            )
         return self
 
     def passes(self, metrics: dict[str, float]) -> bool:
@@ -222,12 +243,18 @@ def evaluate_with_program(
 ) -> ProgramEvaluation:
     """Run your evaluation program (no shell: ``command`` is the program and its arguments)
     with the model and dataset folders and a metrics file in its environment, then read the
-    metrics it wrote and apply ``gate``. Its output goes to this step's log."""
+    metrics it wrote and apply ``gate``. Its output goes to this step's log.
+
+    The folders are absolute (a program may change folder); ``data_dir`` empty: a program
+    that brings its own data, which gets no ``KUBETRAIN_DATA_DIR``. It runs with the caller's
+    PATH first, so ``python`` is the one the caller's shell would run."""
     import os
     import subprocess
     import tempfile
 
     from kubetrain import storage
+    from kubetrain.backends.local.supervisor import program_path
+    from kubetrain.components._shared.program import absolute_location
     from kubetrain.errors import KubetrainError
 
     gate.validate()
@@ -238,9 +265,14 @@ def evaluate_with_program(
     with tempfile.TemporaryDirectory(prefix="kubetrain-evaluate-") as scratch:
         metrics_file = os.path.join(scratch, "metrics.json")
         env = {
-            **os.environ,
-            MODEL_DIR_ENV: str(storage.dereference(model_dir)),
-            DATA_DIR_ENV: str(storage.dereference(data_dir)),
+            **{name: value for name, value in os.environ.items() if name != DATA_DIR_ENV},
+            "PATH": program_path(),
+            MODEL_DIR_ENV: absolute_location(str(storage.dereference(model_dir))),
+            **(
+                {DATA_DIR_ENV: absolute_location(str(storage.dereference(data_dir)))}
+                if data_dir
+                else {}
+            ),
             METRICS_FILE_ENV: metrics_file,
         }
         try:

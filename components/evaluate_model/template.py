@@ -54,8 +54,18 @@ def evaluate_model_template(
             inputs("command"),
         ],  # fmt: skip
         [
-            input_parameter("data", "dataset folder written by the prep step"),
-            input_parameter("threshold", "accuracy (a fraction) the model must reach", "0.95"),
+            input_parameter(
+                "data",
+                "dataset folder written by the prep step; empty: none, for your own program "
+                "that brings its own data",
+                "",
+            ),
+            input_parameter(
+                "threshold",
+                "pass when the metric is at least this; empty: 0.95 for accuracy, none for "
+                "another metric (give threshold or below)",
+                "",
+            ),
             input_parameter(
                 "model_factory",
                 "package.module:callable building a model of custom code; empty: built-in",

@@ -19,6 +19,7 @@ from typing import Any
 from kubetrain import rules, storage
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import Backend
+from kubetrain.components._shared.program import absolute_location
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import (
@@ -34,11 +35,9 @@ from kubetrain.jobspec import (
     resolve_procs_per_node,
 )
 from kubetrain.names import derive_job_name, label_value, random_job_name
+from kubetrain.train.options import TRAINER_COMMAND
 from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
-# What the trainer image runs; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
-# PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
-TRAINER_COMMAND = ("torchrun", "-m", "kubetrain.train")
 RUN_NAME_LABEL = "kubetrain.io/run-name"
 #: Where every node finds the prepared dataset and where rank 0 should save (a user's program
 #: reads them; our trainer gets the same as options).
@@ -205,10 +204,11 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     data_dir, stage_from, stage_to = "", "", ""
     if training.data_dir:
         source = str(storage.dereference(training.data_dir))
-        data_dir = source
         if shared is not None and storage.is_local(source) and not _inside(source, shared):
-            stage_from = source
+            stage_from = absolute_location(source)  # read here
             data_dir = stage_to = str(Path(shared.mount_path) / "datasets" / name)
+        else:
+            data_dir = _location_for_nodes(source, "data", backend)
     if training.checkpoint_dir:
         checkpoint_dir = training.checkpoint_dir
     elif request.storage_url:
@@ -219,6 +219,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         checkpoint_dir = str(Path(shared.mount_path) / "checkpoints" / name)
     else:
         checkpoint_dir = backend_impl.default_checkpoint_dir(name)
+    checkpoint_dir = _location_for_nodes(checkpoint_dir, "checkpoint_dir", backend)
     if request.runs_our_trainer:
         command = TRAINER_COMMAND
         args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
@@ -226,7 +227,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     # directory saves where collect reads (an object-storage URL is no folder to run in).
     working_dir = ""
     if not request.runs_our_trainer and storage.is_local(checkpoint_dir):
-        working_dir = _folder_to_run_in(checkpoint_dir, backend)
+        working_dir = str(storage.local_path(checkpoint_dir, "checkpoint_dir"))
     env = {CHECKPOINT_DIR_ENV: checkpoint_dir, **({DATA_DIR_ENV: data_dir} if data_dir else {})}
     spec = TrainJobSpec(
         name=name,
@@ -256,20 +257,27 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to)
 
 
-def _folder_to_run_in(checkpoint_dir: str, backend: str) -> str:
-    """The checkpoint folder as an absolute path, the nodes' working directory: locally
-    relative to this folder; on a cluster it must be absolute (the image's own working
-    directory is unknown here)."""
-    folder = str(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+def _location_for_nodes(location: str, field: str, backend: str) -> str:
+    """A folder as the nodes and a user's program get it, whichever face gave it: locally, a
+    path absolute against this folder (the caller's), as the program runs in its checkpoint
+    folder; on a cluster, a path in the nodes, which must be absolute (this folder is not
+    theirs, and their working directory is unknown here). A URL stays as it is."""
     if backend == "local":
-        return os.path.abspath(folder)
-    if not os.path.isabs(folder):
+        return absolute_location(location)
+    if storage.is_local(location) and not storage.local_path(location, field).is_absolute():
         raise InvalidInput(
-            "checkpoint_dir",
-            f"{rules.shown(checkpoint_dir)} is relative, and the nodes run in it",
-            "give an absolute path in the nodes, e.g. /mnt/shared/checkpoints/<job>",
+            field,
+            f"{rules.shown(location)} is relative, and the nodes do not run in this folder",
+            f"give an absolute path in the nodes, e.g. {_IN_NODES_EXAMPLES[field]}, or an "
+            "object-storage URL",
         )
-    return folder
+    return location
+
+
+_IN_NODES_EXAMPLES = {
+    "data": "/mnt/shared/datasets/digits",
+    "checkpoint_dir": "/mnt/shared/checkpoints/<job>",
+}
 
 
 def _inside(location: str, volume: Volume) -> bool:
@@ -442,13 +450,10 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
 
 def check_model_imports(model: str) -> None:
     """Import the user's ``package.module:callable`` as the nodes will: from the folder they
-    run in (this one), which ``python -m`` puts first on their path. torch is imported only
-    when the module imports it (``kubetrain.callables``), so a typo is refused in a second."""
+    run in (this one; ``kubetrain.callables``). torch is imported only when the module
+    imports it, so a typo is refused in a second."""
     from kubetrain.callables import import_callable
 
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
     try:
         import_callable(model, "model", MODEL_FIX)
     except InvalidInput:
@@ -456,9 +461,6 @@ def check_model_imports(model: str) -> None:
     except Exception as exc:  # the user's module raised while importing (SyntaxError, ...)
         problem = f"importing {model} failed ({type(exc).__name__}: {refusal_reason(exc)})"
         raise InvalidInput("model", problem, MODEL_FIX) from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
 
 
 def _check_checkpoint_folder(folder: Path) -> None:

@@ -165,6 +165,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "summary",
     )
     parser.add_argument(
+        "--state-key",
+        default="",
+        metavar="KEY",
+        help="with your program: the state dict that is your model in a checkpoint of nested "
+        "state, as a dotted path (e.g. app.model); collect refuses a checkpoint holding several "
+        "that may be the model without it",
+    )
+    parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="-- CMD [ARGS...]: your training program instead of our trainer, e.g. "
@@ -208,6 +216,12 @@ def validate_arguments(args: argparse.Namespace) -> None:
             "--model",
             f"{args.model} is our trainer's model, not your program's",
             "give the factory that builds your model, e.g. --model netdef:build",
+        )
+    if args.state_key and not program(args):
+        raise InvalidInput(
+            "--state-key",
+            "names the model's state dict in your program's checkpoint; our trainer's has one",
+            "drop --state-key, or give your program after --",
         )
     if args.model not in BUILTIN_MODELS:
         check_model_imports(args.model)  # now, not after prep and training
@@ -271,14 +285,14 @@ def run(args: argparse.Namespace) -> int:
     from kfp import local
 
     from kubetrain import storage
-    from kubetrain.backends.local.supervisor import program_path
+    from kubetrain.components._shared.program import absolute_location
     from kubetrain.pipelines.training_pipeline import build_training_pipeline
 
     # Our component image is a Python image; KFP guesses from its name that it may not be.
+    # Its steps run as `python3 ...`, for which KFP's local runner puts this interpreter's path
+    # (kfp 2.17 kfp/local/subprocess_task_handler.py replace_python_executable), so PATH stays
+    # the caller's: a user's program finds their `torchrun` first.
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
-    # Steps run as `python3 ...` subprocesses; KFP swaps in this interpreter, and the
-    # trainer's `torchrun` is looked up next to it.
-    os.environ["PATH"] = program_path()
     pipeline_root = args.output.resolve()
     registry = registry_folder(args).resolve()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
@@ -311,9 +325,10 @@ def run(args: argparse.Namespace) -> int:
                 model_registry=str(registry),
                 wait_timeout_seconds=float(args.timeout),
                 stall_timeout_seconds=float(args.stall_timeout),
-                storage=args.storage,
+                storage=absolute_location(args.storage),
                 command=program(args),
                 script=str(Path(args.script).absolute()) if args.script else "",
+                state_key=args.state_key,
             )
         except RuntimeError as exc:
             run_folders = [pipeline_root / name for name in run_names]

@@ -12,6 +12,9 @@ from kubetrain.errors import InvalidInput
 from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
 PROG = "kubetrain.train"
+#: What runs our trainer on a node; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
+#: PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
+TRAINER_COMMAND = ("torchrun", "-m", PROG)
 #: The event files' default folder under the checkpoint folder.
 TENSORBOARD_FOLDER = "tensorboard"
 

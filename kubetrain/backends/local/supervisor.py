@@ -26,6 +26,7 @@ from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.names import JOB_NAME_ENV
+from kubetrain.train.options import TRAINER_COMMAND
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -38,9 +39,22 @@ def free_port() -> int:
 
 
 def program_path() -> str:
-    """PATH with this interpreter's folder first, so `python` and `torchrun` are the ones of
-    the environment kubetrain runs in, as they are the image's on a cluster."""
-    return f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    """The PATH a user's program runs with: the caller's, so `python` and `torchrun` are the
+    ones the caller's shell would run (their activated venv's), then this interpreter's
+    folder, for a program found nowhere else. kubetrain's own programs are found by path
+    (``with_our_interpreter``), never by putting its folder ahead of the caller's."""
+    parts = [part for part in os.environ.get("PATH", "").split(os.pathsep) if part]
+    ours = os.path.dirname(sys.executable)
+    return os.pathsep.join(parts if ours in parts else [*parts, ours])
+
+
+def with_our_interpreter(program: list[str]) -> list[str]:
+    """Our trainer (``TRAINER_COMMAND``) started by this interpreter's torchrun, by path: the
+    caller's PATH may hold another torchrun (a venv without kubetrain) or none, and on a
+    cluster the image's is kubetrain's. Any other program is left to PATH."""
+    if tuple(program[: len(TRAINER_COMMAND)]) == TRAINER_COMMAND:
+        return [sys.executable, "-m", "torch.distributed.run", *program[1:]]
+    return program
 
 
 def core_share(spec: TrainJobSpec) -> str:
@@ -172,7 +186,7 @@ def start_nodes(
     job is recorded Failed and the nodes already started are stopped."""
     port = free_port()
     processes: list[subprocess.Popen] = []
-    program = [*spec.command, *spec.args]
+    program = with_our_interpreter([*spec.command, *spec.args])
     run_in = cwd
     if spec.working_dir:
         # The nodes run in the job's folder; what they name in the launch folder

@@ -6,6 +6,7 @@ backend and through the emulated cluster (a fake Trainer runs the node pods)."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -132,7 +133,8 @@ def test_a_user_script_whose_rank_1_raises_on_node_1(local_root, tmp_path, capfd
     """Two nodes, one process each, a plain torchrun script (not our trainer): wait streams
     node 0 (rank 0's gloo noise, its torchrun's folded report), then rank 1's traceback from
     node 1's log once (the old "last 20 lines" were torchrun's report, without it), then the
-    cause. The KFP face prints the same."""
+    cause. The KFP face prints the same, its cause as the CLI's `kubetrain wait: error:` line,
+    which `kubetrain run` shows once, as the step's end, not also as a training line."""
     name = launch_crash(tmp_path, 2, 1, 1)
     waited = kubetrain("wait", "--backend", "local", name, "--timeout", "90", cwd=tmp_path)
     assert waited.returncode == 1, waited.stdout + waited.stderr
@@ -155,6 +157,18 @@ def test_a_user_script_whose_rank_1_raises_on_node_1(local_root, tmp_path, capfd
     out, err = capfd.readouterr()
     assert (out + err).splitlines().count("[rank1]: RuntimeError: boom on rank 1") == 1
     assert_no_boilerplate(out + err)
+    assert err.splitlines()[-1] == context[-1]
+
+    from kubetrain.cli.run_output import RunOutput
+
+    shown = io.StringIO()
+    run = RunOutput(verbose=False, stream=shown, colour=False)
+    run.step_started("wait-trainjob")
+    for line in (out + err).splitlines():
+        run.step_line(line)
+    run.step_ended(succeeded=False)
+    assert shown.getvalue().count("[rank 1] RuntimeError: boom on rank 1") == 1, shown.getvalue()
+    assert "[rank1]: RuntimeError: boom on rank 1" in shown.getvalue()
 
 
 # ------------------------------------------------------------------ the Kubernetes path

@@ -29,7 +29,6 @@ def wait_trainjob(
     no limit). ``checkpoint_dir`` (launch's output) comes back as an output once the job is
     Complete, so a step that reads the checkpoints takes it from here and cannot run before
     the training has ended."""
-    import sys
     from collections import namedtuple
 
     from kubetrain.backends import BackendOptions
@@ -39,6 +38,7 @@ def wait_trainjob(
         unschedulable_grace,
         wait_for_job,
     )
+    from kubetrain.errors import report_failure
 
     options = BackendOptions(
         namespace=namespace,
@@ -55,9 +55,8 @@ def wait_trainjob(
                 options=options,
                 stall_timeout_seconds=stall_timeout_seconds,
             )
-    except JobFailed as failure:
-        print(failure.report(), file=sys.stderr, flush=True)
-        raise SystemExit(failure.exit_code) from None
+    except JobFailed as failure:  # its one line as the CLI face prints it, after the traceback
+        raise SystemExit(report_failure("kubetrain wait", failure)) from None
     return namedtuple("WaitOutputs", ["state", "duration_seconds", "checkpoint_dir"])(
         result.state, result.duration_seconds, checkpoint_dir
     )

@@ -18,11 +18,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="follow a job to Complete/Failed, streaming rank-0 logs",
         description=(
             "Follow a job until it is Complete (exit 0) or Failed (exit with the failing node's "
-            "exit code, printing the reason and that node's last log lines), streaming the "
-            "rank-0 node's log lines as they are written, its progress records as a live bar on "
-            "a terminal (off one, a progress line when nothing was said for 30 s). SIGTERM (a "
-            "cancelled pipeline run) or Ctrl-C stops the job (on a cluster: deletes or "
-            "suspends it) before exiting 143 or 130."
+            "exit code, printing the failing rank's traceback, or that node's last log lines, "
+            "once, then the reason), streaming global rank 0's log lines as they are written "
+            "(other ranks' tagged lines left out, torchrun's failure report folded to one line: "
+            "`kubetrain logs --all-ranks`/`--raw` show them), its progress records as a live "
+            "bar on a terminal (off one, a progress line when nothing was said for 30 s). "
+            "SIGTERM (a cancelled pipeline run) or Ctrl-C stops the job (on a cluster: deletes "
+            "or suspends it) before exiting 143 or 130."
         ),
     )
     parser.add_argument("name", help="job name, as printed by `kubetrain launch`")

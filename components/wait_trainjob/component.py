@@ -20,9 +20,10 @@ def wait_trainjob(
 ) -> NamedTuple(  # noqa: UP014
     "WaitOutputs", [("state", str), ("duration_seconds", float), ("checkpoint_dir", str)]
 ):
-    """Follow the job to Complete, streaming rank-0 logs; fail the step with the failing node's
-    exit code and last log lines if the job fails, or with exit 3 (after stopping the job) if
-    it runs with no new log line for ``stall_timeout_seconds`` (0 = never).
+    """Follow the job to Complete, streaming global rank 0's log lines (torchrun's failure
+    report folded); fail the step with the failing node's exit code, after the failing rank's
+    traceback, if the job fails, or with exit 3 (after stopping the job) if it runs with no
+    new log line for ``stall_timeout_seconds`` (0 = never).
 
     ``namespace`` empty: this step's own (the run's). ``unschedulable_grace_seconds``: how long
     a node pod no node can take may wait ("auto": 300, no limit for a gang runtime; 0 or empty:

@@ -71,11 +71,18 @@ def kubeflow_sdk_command(project: Path) -> list[str]:
     return list(get_trainer_cr_from_custom_trainer(runtime, custom).command)
 
 
+#: The way each script is run in the suite (one each, for the suite's time): the whole
+#: pipeline, or the steps one by one as a user types them.
+KUBETRAIN_RUN = "kubetrain run"
+STEP_BY_STEP = "launch/wait/collect/evaluate"
+
+
 @dataclass(frozen=True)
 class ThirdPartyScript:
     """One corpus script: how it is run and what collect must make of what it saved."""
 
     id: str
+    through: str
     file: str
     args: tuple[str, ...]
     #: ``netdef:<callable>``: the factory evaluate rebuilds its model with.
@@ -104,10 +111,11 @@ class ThirdPartyScript:
         return set(build(SAMPLE_SHAPE, NUM_CLASSES).state_dict())
 
 
-def _fsdp2(api: str) -> ThirdPartyScript:
+def _fsdp2(api: str, through: str) -> ThirdPartyScript:
     flags = ("--dcp-api",) if api == "dcp_api" else ()
     return ThirdPartyScript(
         id=f"fsdp2-{api.replace('_', '-')}",
+        through=through,
         file="fsdp2_example.py",
         args=(*flags, "--epochs", str(EPOCHS)),
         factory="netdef:build_layered",
@@ -127,16 +135,18 @@ def _lightning_checkpoint(folder: Path) -> str:
 CORPUS = [
     ThirdPartyScript(
         id="ddp-snapshot",
+        through=KUBETRAIN_RUN,
         file="ddp_snapshot.py",
         args=(str(EPOCHS), "1"),
         factory="netdef:build",
         source_format="torch-save-dict",
         source_file=lambda folder: "snapshot.pt",
     ),
-    _fsdp2("dtensor_api"),
-    _fsdp2("dcp_api"),
+    _fsdp2("dtensor_api", KUBETRAIN_RUN),
+    _fsdp2("dcp_api", STEP_BY_STEP),
     ThirdPartyScript(
         id="dcp-recipe",
+        through=KUBETRAIN_RUN,
         file="dcp_recipe.py",
         args=("--epochs", str(EPOCHS)),
         factory="netdef:build_toy",
@@ -145,6 +155,7 @@ CORPUS = [
     ),
     ThirdPartyScript(
         id="kubeflow-sdk",
+        through=KUBETRAIN_RUN,
         file="kubeflow_sdk_function.py",
         args=(),
         factory="netdef:build_fashion",
@@ -154,6 +165,7 @@ CORPUS = [
     ),
     ThirdPartyScript(
         id="lightning",
+        through=STEP_BY_STEP,
         file="lightning_ddp.py",
         args=("--num-nodes", str(NODES), "--epochs", str(EPOCHS)),
         factory="netdef:build",
@@ -162,6 +174,7 @@ CORPUS = [
     ),
     ThirdPartyScript(
         id="hf-sharded",
+        through=STEP_BY_STEP,
         file="hf_sharded.py",
         args=("--epochs", str(EPOCHS)),
         factory="netdef:build",
@@ -169,7 +182,6 @@ CORPUS = [
         source_file=lambda folder: "model.safetensors.index.json",
     ),
 ]
-BY_ID = {script.id: script for script in CORPUS}
 
 
 def write_project(folder: Path, data: Path | None = None) -> Path:

@@ -20,12 +20,13 @@ card (``model.json``, which readers require) last.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
-from kubetrain.artifacts.checkpoint_formats.writer import refuse_nonfinite
+from kubetrain.artifacts.checkpoint_formats.writer import NonfiniteScan
 from kubetrain.artifacts.manifest import MANIFEST, check_model_code
 from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
 from kubetrain.artifacts.output_rule import MODEL, check_output
@@ -127,6 +128,11 @@ class Publishing:
     allow_nonfinite: bool
     data: str
 
+    def scanned(self, scan: NonfiniteScan) -> Callable[[int, Any], None] | None:
+        """What watches the model's bytes as they are written: ``scan``, unless NaN/Inf is
+        allowed."""
+        return None if self.allow_nonfinite else scan.feed
+
     def expected_tensors(self) -> dict[str, tuple[int, ...]] | None:
         """The names and shapes of ``model_factory``'s model for ``data``'s samples, when both
         are given: what a script's checkpoint must load into."""
@@ -174,13 +180,16 @@ def _collect_ours(
     elif MODEL_FILE not in manifest["files"]:
         raise IntegrityError(f"checkpoint {checkpoint}: its manifest lists no {MODEL_FILE}")
     staged = storage.staging_dir(output_dir)
+    scan = NonfiniteScan()
     try:
         if manifest["strategy"] == "ddp":
-            model_sha256 = _copy_rank0_model(checkpoint, manifest, staged / MODEL_FILE)
+            model_sha256 = _copy_rank0_model(
+                checkpoint, manifest, staged / MODEL_FILE, publishing.scanned(scan)
+            )
         else:
             model_sha256 = _gather_shards(checkpoint, staged / MODEL_FILE)
         card = _model_card(checkpoint, manifest, model_sha256)
-        _publish(staged, card, output_dir, publishing)
+        _publish(staged, card, output_dir, publishing, scan)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -205,6 +214,7 @@ def _collect_foreign(
     expected = publishing.expected_tensors()
     staged = storage.staging_dir(output_dir)
     try:
+        scan = NonfiniteScan()
         converted = foreign.convert(
             root,
             candidate,
@@ -212,6 +222,7 @@ def _collect_foreign(
             publishing.state_key,
             expected,
             publishing.model_factory,
+            observe=publishing.scanned(scan),
         )
         card = {
             "format": MODEL_FORMAT,
@@ -226,7 +237,7 @@ def _collect_foreign(
             "checkpoint_files": converted.files,
             "sha256": converted.sha256,
         }
-        _publish(staged, card, output_dir, publishing)
+        _publish(staged, card, output_dir, publishing, scan)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -234,12 +245,19 @@ def _collect_foreign(
     )
 
 
-def _publish(staged: Path, card: dict[str, Any], output_dir: str, publishing: Publishing) -> None:
+def _publish(
+    staged: Path,
+    card: dict[str, Any],
+    output_dir: str,
+    publishing: Publishing,
+    scan: NonfiniteScan,
+) -> None:
     """Write the card beside the staged model (and the export, checked against the model before
     it is kept), then publish the folder at ``output_dir``. Every format passes here: a model
-    holding NaN or Inf is refused here, whatever wrote it."""
+    holding NaN or Inf is refused here, whatever wrote it (``scan`` saw its bytes as they were
+    written, or it is read once more)."""
     if not publishing.allow_nonfinite:
-        refuse_nonfinite(staged / MODEL_FILE, f"checkpoint {card['source_checkpoint']}")
+        scan.refuse(staged / MODEL_FILE, f"checkpoint {card['source_checkpoint']}")
     (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     if publishing.export != "none":
         from kubetrain.artifacts.export import export_model
@@ -249,12 +267,19 @@ def _publish(staged: Path, card: dict[str, Any], output_dir: str, publishing: Pu
     storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: card["sha256"]})
 
 
-def _copy_rank0_model(checkpoint: storage.Location, manifest: dict[str, Any], target: Path) -> str:
+def _copy_rank0_model(
+    checkpoint: storage.Location,
+    manifest: dict[str, Any],
+    target: Path,
+    observe: Callable[[int, Any], None] | None,
+) -> str:
     """DDP: rank 0's ``model.safetensors`` already is the full model; stream it (bounded memory,
     sha256 checked against the manifest while copying, so not hashed again) and check it holds
     tensors. Returns its sha256."""
     source = storage.join(checkpoint, MODEL_FILE)
-    copied = copy_verified(str(source), str(target), expected_sha256=manifest["files"][MODEL_FILE])
+    copied = copy_verified(
+        str(source), str(target), expected_sha256=manifest["files"][MODEL_FILE], observe=observe
+    )
     try:
         tensors = tensor_names(target)
     except ValueError as exc:

@@ -83,6 +83,7 @@ def copy_verified(
     expected_size: int | None = None,
     chunk_size: int = 8 * 1024 * 1024,
     storage_options: Mapping[str, Any] | None = None,
+    observe: Callable[[int, memoryview], None] | None = None,
 ) -> CopyResult:
     """Copy ``source`` to ``target`` (paths or fsspec URLs) holding at most about one chunk in
     memory, and publish the target only if its sha256 is ``expected_sha256``.
@@ -93,6 +94,11 @@ def copy_verified(
     is no regular file (a FIFO would block the copy, ``/dev/zero`` never end it) or its size or
     sha256 is not the expected one, and :class:`KubetrainError` when the target
     cannot be written (e.g. its disk is full).
+
+    ``observe(offset, bytes)`` sees the bytes of a local target in order as they are hashed
+    (from offset 0 again when a copy starts over), so a caller can inspect what is published
+    without reading it a second time; it is not called for a target already right, nor for an
+    object-store target.
     """
     expected = expected_sha256.strip().lower()
     if not _SHA256_RE.fullmatch(expected):
@@ -134,7 +140,7 @@ def copy_verified(
     if _is_local(dst_fs):
         local_source = src_path if _is_local(src_fs) else None
         copied, resumed = _copy_to_local(
-            read_source, source, dst_path, expected, size, chunk_size, local_source
+            read_source, source, dst_path, expected, size, chunk_size, local_source, observe
         )
     else:
         copied, resumed = _copy_to_object_store(
@@ -281,8 +287,14 @@ class _PartHasher:
     file back hashes exactly the bytes that will be published, whoever wrote them (the kernel's
     copy_file_range or Python), with one small buffer of memory."""
 
-    def __init__(self, path: Path, buffer_size: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        buffer_size: int,
+        observe: Callable[[int, memoryview], None] | None = None,
+    ) -> None:
         self.hashed = 0
+        self._observe = observe
         self._digest = hashlib.sha256()
         self._ends: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._abandoned = False
@@ -308,6 +320,8 @@ class _PartHasher:
                     if not read:  # shorter than written: the caller sees hashed != written
                         return
                     self._digest.update(view[:read])
+                    if self._observe is not None:
+                        self._observe(self.hashed, view[:read])
                     self.hashed += read
         except BaseException as exc:  # re-raised in the caller's thread by hexdigest()
             self._error = exc
@@ -365,6 +379,7 @@ def _copy_to_local(
     size: int | None,
     chunk_size: int,
     local_source: str | None = None,
+    observe: Callable[[int, memoryview], None] | None = None,
 ) -> tuple[int, int]:
     """Copy into ``<target>.part`` (resuming it if possible), verify, fsync, rename; return
     (bytes read from the source, resumed offset)."""
@@ -383,7 +398,10 @@ def _copy_to_local(
                 mode = "wb"
             written = offset
             hash_buffer = min(chunk_size, _HASH_BUFFER)
-            with open(part, mode, buffering=0) as out, _PartHasher(part, hash_buffer) as hasher:
+            with (
+                open(part, mode, buffering=0) as out,
+                _PartHasher(part, hash_buffer, observe) as hasher,
+            ):
                 out.truncate(offset)
                 hasher.hash_to(offset)  # the reused prefix, while the rest is copied
                 for length in _write_from(

@@ -342,3 +342,48 @@ def test_a_pickled_attribute_dict_is_read_as_a_dict_without_running_lightning(tm
     card = collect_ok(capsys, tmp_path / "ckpt", tmp_path / "model")
     assert_published(tmp_path / "model", STATE)
     assert (card["source_format"], card["epoch"], card["step"]) == ("lightning", 2, 30)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_streaming_scan_finds_what_a_second_read_finds(seed, tmp_path) -> None:
+    """The scan that watches the bytes as they are written (split anywhere, mid-element and
+    mid-header included, over tensors of mixed widths at unaligned offsets) names the same
+    first NaN/Inf as reading the file again, and nothing in a finite file."""
+    from safetensors.torch import save_file
+
+    from kubetrain.artifacts.checkpoint_formats.writer import NonfiniteScan, refuse_nonfinite
+    from kubetrain.errors import IntegrityError
+
+    generator = torch.Generator().manual_seed(seed)
+    state = {
+        "a.int": torch.arange(7, dtype=torch.int8),
+        "b.half": torch.randn(13, generator=generator).half(),
+        "c.bf16": torch.randn(5, 3, generator=generator).bfloat16(),
+        "d.float": torch.randn(33, generator=generator),
+        "e.double": torch.randn(9, generator=generator).double(),
+    }
+    for poisoned in (None, "c.bf16", "d.float", "e.double"):
+        if poisoned is not None:
+            flat = state[poisoned].reshape(-1)
+            flat[int(torch.randint(flat.numel(), (1,), generator=generator))] = float("nan")
+        path = tmp_path / f"{seed}-{poisoned}.safetensors"
+        save_file(state, str(path))
+        data = path.read_bytes()
+        scan, offset = NonfiniteScan(), 0
+        while offset < len(data):
+            step = int(torch.randint(1, 40, (1,), generator=generator))
+            scan.feed(offset, data[offset : offset + step])
+            offset += step
+        assert not scan.incomplete(len(data))
+        try:
+            refuse_nonfinite(path, "m")
+            expected = None
+        except IntegrityError as exc:
+            expected = str(exc)
+        if expected is None:
+            assert scan.found is None
+            scan.refuse(path, "m")
+        else:
+            with pytest.raises(IntegrityError) as raised:
+                scan.refuse(path, "m")
+            assert str(raised.value) == expected

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
 from kubetrain.artifacts.checkpoint_formats.dcp import METADATA, Dcp
@@ -178,6 +179,7 @@ def convert(
     state_key: str = "",
     expected: Mapping[str, tuple[int, ...]] | None = None,
     factory: str = "",
+    observe: Callable[[int, Any], None] | None = None,
 ) -> Converted:
     """Write the model in ``candidate`` (a checkpoint in ``root``) as the safetensors file
     ``target``: the state dict ``state_key`` names, else the one the rule finds; with
@@ -185,7 +187,8 @@ def convert(
 
     Every file it reads is held to the manifest rule before it is opened and hashed; a file
     that changes while it is read (size, time or inode) fails the step: collect again once
-    the job has finished writing."""
+    the job has finished writing. ``observe(offset, bytes)`` sees the output as it is
+    written."""
     reader = _BY_FORMAT[candidate.format]
     relative = candidate.relative
     files = reader.files(root, candidate)
@@ -205,7 +208,7 @@ def convert(
     )
     order = sorted(source.entries, key=lambda name: names[name])
     entries = [source.entries[name].renamed(names[name]) for name in order]
-    written = write_safetensors(target, entries, source.chunks(order))
+    written = write_safetensors(target, entries, source.chunks(order), observe)
     if snapshot(root, files) != before:
         raise IntegrityError(
             f"checkpoint {root / relative} changed while it was collected; collect again once "

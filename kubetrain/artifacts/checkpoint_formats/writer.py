@@ -5,10 +5,11 @@ numbers only."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -63,9 +64,15 @@ class Written(NamedTuple):
     sha256: str
 
 
-def write_safetensors(target: Path, entries: list[Entry], chunks: Iterable[Any]) -> Written:
+def write_safetensors(
+    target: Path,
+    entries: list[Entry],
+    chunks: Iterable[Any],
+    observe: Callable[[int, Any], None] | None = None,
+) -> Written:
     """Write ``entries`` as a safetensors file whose data is ``chunks`` (buffers, in the
-    entries' order); returns its sha256. Holds one chunk at a time."""
+    entries' order); returns its sha256. Holds one chunk at a time; ``observe(offset, bytes)``
+    sees every byte written, in order."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for entry in entries:
@@ -78,16 +85,16 @@ def write_safetensors(target: Path, entries: list[Entry], chunks: Iterable[Any])
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as safetensors writes it
     digest = hashlib.sha256()
-    written = 0
+    position = 0
     with open(target, "wb") as out:
-        for piece in (struct.pack("<Q", len(text)), text):
+        head = (struct.pack("<Q", len(text)), text)
+        for piece in itertools.chain(head, (memoryview(c).cast("B") for c in chunks)):
             out.write(piece)
             digest.update(piece)
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            out.write(view)
-            digest.update(view)
-            written += len(view)
+            if observe is not None:
+                observe(position, piece)
+            position += len(piece)
+        written = position - 8 - len(text)
     if written != offset:  # a source that changed under us
         raise IntegrityError(
             f"the tensors read were {written} bytes, their shapes say {offset}; collect again "
@@ -192,17 +199,121 @@ def copy_ranges(stored: list[Stored]) -> Iterator[bytes]:
 
 
 def first_nonfinite(dtype: str, chunk: Any) -> int | None:
-    """Index in ``chunk`` (a buffer of ``dtype`` elements) of the first NaN or Inf, or None;
-    integer and bool dtypes have none."""
+    """Index in ``chunk`` (a buffer of whole ``dtype`` elements) of the first NaN or Inf, or
+    None; integer and bool dtypes have none."""
     import numpy as np
 
     if dtype not in _NONFINITE_BITS:
         return None
     numpy_dtype, mask = _NONFINITE_BITS[dtype]
     values = np.frombuffer(chunk, dtype=numpy_dtype)
-    bad = ~np.isfinite(values) if mask is None else (values & mask) == mask
-    found = np.flatnonzero(bad)
-    return int(found[0]) if found.size else None
+    if mask is None:
+        if np.isfinite(values).all():  # the common case, without an index array
+            return None
+        return int(np.flatnonzero(~np.isfinite(values))[0])
+    bad = (values & mask) == mask
+    return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+
+def _refusal(what: str, name: str, element: int, shape: tuple[int, ...]) -> IntegrityError:
+    return IntegrityError(
+        f"{what}: tensor {shown(name)} holds NaN or Inf (element {element} of shape "
+        f"{list(shape)}), a model whose training diverged; collect an earlier checkpoint with "
+        f"--checkpoint-file, or publish it anyway with {ALLOW_NONFINITE}"
+    )
+
+
+class NonfiniteScan:
+    """Finds the first NaN or Inf of a safetensors file from its bytes as they stream past
+    (``feed(offset, bytes)``, in order, from any producer: the writer, the verified copy's
+    read-back), so a published model costs no second read. Bytes out of order, or a file not
+    seen to its end, leave it :attr:`incomplete`: then :func:`refuse_nonfinite` reads the file."""
+
+    def __init__(self) -> None:
+        self._restart()
+
+    def _restart(self) -> None:
+        self.position = 0
+        self.out_of_order = False
+        self.found: tuple[str, int, tuple[int, ...]] | None = None
+        self._head = bytearray()
+        self._tensors: list[tuple[int, int, str, str, tuple[int, ...]]] | None = None
+        self._carry = b""
+        self._next = 0
+
+    def feed(self, offset: int, data: Any) -> None:
+        if offset == 0:  # a copy started again from zero
+            self._restart()
+        if offset != self.position or self.out_of_order:
+            self.out_of_order = True
+            return
+        view = memoryview(data).cast("B")
+        self.position += len(view)
+        if self._tensors is None:
+            view, offset = self._read_header(view, offset)
+            if self._tensors is None:
+                return
+        if self.found is None:
+            self._scan(view, offset)
+
+    def _read_header(self, view: memoryview, offset: int) -> tuple[memoryview, int]:
+        for whole_header in (False, True):  # the length (8 bytes), then the header it measures
+            need = 8 + (struct.unpack("<Q", self._head[:8])[0] if whole_header else 0)
+            take = max(0, min(len(view), need - len(self._head)))
+            self._head += view[:take]
+            view, offset = view[take:], offset + take
+            if len(self._head) < need:
+                return view, offset
+        try:
+            header = json.loads(bytes(self._head[8:]))
+        except ValueError:
+            self.out_of_order = True  # not a safetensors file: refuse_nonfinite says so
+            return view, offset
+        start = len(self._head)
+        self._tensors = sorted(
+            (start + entry["data_offsets"][0], start + entry["data_offsets"][1], name,
+             entry["dtype"], tuple(entry["shape"]))
+            for name, entry in header.items()
+            if name != "__metadata__" and entry.get("dtype") in _NONFINITE_BITS
+        )  # fmt: skip
+        return view, offset
+
+    def _scan(self, view: memoryview, offset: int) -> None:
+        end = offset + len(view)
+        tensors = self._tensors or []
+        while self._next < len(tensors) and offset < end:
+            begin, stop, name, dtype, shape = tensors[self._next]
+            if stop <= offset:
+                self._next += 1
+                self._carry = b""
+                continue
+            if begin >= end:
+                return
+            lo, hi = max(begin, offset), min(stop, end)
+            piece = self._carry + bytes(view[lo - offset : hi - offset])
+            width = DTYPE_BYTES[dtype]
+            whole = len(piece) - len(piece) % width
+            index = first_nonfinite(dtype, piece[:whole])
+            if index is not None:
+                element = (lo - begin - len(self._carry)) // width + index
+                self.found = (name, element, shape)
+                return
+            self._carry = piece[whole:]
+            if hi < stop:
+                return
+            self._next += 1
+            self._carry = b""
+
+    def incomplete(self, size: int) -> bool:
+        return self.out_of_order or self.position != size
+
+    def refuse(self, path: Path, what: str) -> None:
+        """Refuse ``path`` if what streamed past held a NaN or Inf; read it when the stream
+        did not show all of it."""
+        if self.incomplete(path.stat().st_size):
+            refuse_nonfinite(path, what)
+        elif self.found is not None:
+            raise _refusal(what, *self.found)
 
 
 def refuse_nonfinite(path: Path, what: str) -> None:
@@ -217,10 +328,5 @@ def refuse_nonfinite(path: Path, what: str) -> None:
         for chunk in copy_ranges([stored]):
             index = first_nonfinite(stored.dtype, chunk)
             if index is not None:
-                raise IntegrityError(
-                    f"{what}: tensor {shown(name)} holds NaN or Inf (element {seen + index} of "
-                    f"shape {list(stored.shape)}), a model whose training diverged; collect an "
-                    f"earlier checkpoint with --checkpoint-file, or publish it anyway with "
-                    f"{ALLOW_NONFINITE}"
-                )
+                raise _refusal(what, name, seen + index, stored.shape)
             seen += len(chunk) // width

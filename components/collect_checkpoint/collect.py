@@ -31,6 +31,7 @@ from kubetrain.artifacts.manifest import MANIFEST, check_model_code
 from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
 from kubetrain.artifacts.output_rule import MODEL, check_output
 from kubetrain.artifacts.safetensors_header import tensor_names
+from kubetrain.components._shared.program import absolute_location
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.storage.verified_copy import copy_verified
@@ -76,6 +77,8 @@ def collect_checkpoint(
         raise InvalidInput("checkpoint_dir", "is empty", "pass the folder the training job wrote")
     if export not in EXPORT_KINDS:
         raise InvalidInput("export", f"{export!r} is not one of {EXPORT_KINDS}", "pick one")
+    # what the card records, and what names a file inside it, whatever folder collect ran in
+    checkpoint_dir, data = absolute_location(checkpoint_dir), absolute_location(data)
     if not storage.is_dir(checkpoint_dir, "checkpoint_dir"):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} does not exist; check --checkpoint-dir, and that "

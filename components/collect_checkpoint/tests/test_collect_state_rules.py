@@ -387,3 +387,11 @@ def test_the_streaming_scan_finds_what_a_second_read_finds(seed, tmp_path) -> No
             with pytest.raises(IntegrityError) as raised:
                 scan.refuse(path, "m")
             assert str(raised.value) == expected
+
+
+def test_a_relative_checkpoint_dir_is_recorded_absolute(tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "ckpt").mkdir()
+    torch.save(STATE, tmp_path / "ckpt" / "model.pt")
+    monkeypatch.chdir(tmp_path)
+    card = collect_ok(capsys, Path("ckpt"), Path("model"))
+    assert card["source_checkpoint"] == str(tmp_path / "ckpt")

@@ -183,13 +183,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument(
         "--data",
         default="",
-        help="dataset folder written by `kubetrain prep`: a path or an s3:// (fsspec) URL",
+        help="dataset folder written by `kubetrain prep`: a path or an s3:// (fsspec) URL; "
+        "locally a relative path is taken from this folder (the nodes get it absolute), on a "
+        "cluster it must be absolute in the nodes",
     )
     training.add_argument(
         "--checkpoint-dir",
         default="",
-        help="where rank 0 writes checkpoints, a path or an s3:// (fsspec) URL; default: the "
-        "backend's job folder",
+        help="where rank 0 writes checkpoints, a path or an s3:// (fsspec) URL, relative as "
+        "--data; default: the backend's job folder",
     )
     training.add_argument("--strategy", default="ddp", help="ddp or fsdp (FSDP2); default ddp")
     training.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
@@ -227,7 +229,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "printed. Without a command, runs our trainer (torchrun -m kubetrain.train) on --data. "
             "After '--', runs any command once per node with the PET_* environment Kubeflow "
             "Trainer injects, e.g. "
-            "`kubetrain launch --nodes 2 --procs-per-node 2 -- torchrun train.py`."
+            "`kubetrain launch --nodes 2 --procs-per-node 2 -- torchrun train.py`; locally with "
+            "your PATH first, so `torchrun` is your activated venv's."
         ),
     )
     add_backend_arguments(parser, creates=True)

@@ -176,9 +176,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "command",
         nargs=argparse.REMAINDER,
         help="-- CMD [ARGS...]: your training program instead of our trainer, e.g. "
-        "`-- torchrun train.py`; it runs in its checkpoint folder, reads "
-        "$KUBETRAIN_DATA_DIR/train.safetensors and saves there (rank 0), e.g. "
-        '`torch.save(model.module.state_dict(), "model.pt")`',
+        "`-- torchrun train.py`, run with your PATH first (your activated venv's torchrun); it "
+        "runs in its checkpoint folder, reads $KUBETRAIN_DATA_DIR/train.safetensors (an "
+        "absolute path) and saves there (rank 0), e.g. `torch.save(model.module.state_dict(), "
+        '"model.pt")`',
     )
     parser.set_defaults(handler=run)
 

@@ -40,7 +40,7 @@ from kubetrain.backends.local.processes import (
     still_running,
     stop_job_processes,
 )
-from kubetrain.backends.local.supervisor import program_path
+from kubetrain.backends.local.supervisor import program_path, with_our_interpreter
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.rules import dns1035_label
@@ -104,7 +104,8 @@ class LocalBackend:
                 f"processes on this machine, more than the local limit of {limit}",
                 f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
             )
-        if shutil.which(spec.command[0], path=program_path()) is None:
+        program = with_our_interpreter([*spec.command, *spec.args])[0]
+        if shutil.which(program, path=program_path()) is None:
             raise InvalidInput(
                 "command",
                 f"{spec.command[0]!r} is not found on PATH",

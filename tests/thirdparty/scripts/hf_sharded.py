@@ -1,5 +1,6 @@
-"""DDP training that saves the way Hugging Face's ``Trainer`` lays out its output folder:
-after each epoch rank 0 writes ``checkpoint-<global step>/`` holding the model as a sharded
+"""DDP training that saves the way Hugging Face's ``Trainer`` lays out its output folder
+(huggingface/transformers ``src/transformers/trainer.py``, ``_save_checkpoint``): after each
+epoch rank 0 writes ``checkpoint-<global step>/`` holding the model as a sharded
 ``save_pretrained`` folder (``model.safetensors.index.json`` + ``model-0000i-of-0000n
 .safetensors``, written by huggingface_hub's ``save_torch_state_dict`` with a small
 ``max_shard_size``, the function transformers' ``save_pretrained`` shards with; see

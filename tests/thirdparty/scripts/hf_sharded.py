@@ -3,7 +3,7 @@
 epoch rank 0 writes ``checkpoint-<global step>/`` holding the model as a sharded
 ``save_pretrained`` folder (``model.safetensors.index.json`` + ``model-0000i-of-0000n
 .safetensors``, written by huggingface_hub's ``save_torch_state_dict`` with a small
-``max_shard_size``, the function transformers' ``save_pretrained`` shards with; see
+``max_shard_size``: the sharding transformers' ``save_pretrained`` uses, see
 huggingface/huggingface_hub ``src/huggingface_hub/serialization/_torch.py``) beside the
 Trainer's ``optimizer.pt`` and ``trainer_state.json``; at the end the final model is saved the
 same way into the output folder itself (``Trainer.save_model``). Gloo on CPU; digits from

@@ -176,7 +176,11 @@ def _in_launch_folder(part: str, launch_folder: str) -> str:
     if path.is_absolute() or part.startswith("-"):
         return part
     candidate = Path(launch_folder) / path
-    return str(candidate) if candidate.is_file() else part
+    try:
+        is_file = candidate.is_file()
+    except OSError:  # e.g. a `bash -c SCRIPT` over NAME_MAX: text, not a file name
+        is_file = False
+    return str(candidate) if is_file else part
 
 
 def start_nodes(

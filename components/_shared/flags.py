@@ -13,7 +13,7 @@ def true_or_false(text: str) -> bool:
     return text.lower() == "true"
 
 
-def add_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
+def add_flag(parser: argparse._ActionsContainer, name: str, help_text: str) -> None:
     """``name`` as ``--name``, ``--name true`` or ``--name false`` (default false)."""
     parser.add_argument(
         name,

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
+from kubetrain.components._shared.flags import add_flag
 from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
@@ -136,15 +137,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="label on every node pod; repeatable, or a JSON object",
     )
-    job.add_argument(
-        "--suspend",
-        nargs="?",
-        const=True,
-        default=False,
-        type=_flag,
-        metavar="true|false",
-        help="create the job suspended (resume it later)",
-    )
+    add_flag(job, "--suspend", "create the job suspended (resume it later)")
     job.add_argument(
         "--max-restarts",
         type=int,
@@ -239,13 +232,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_output_parameters_argument(parser)
     add_command_argument(parser)
     parser.set_defaults(handler=run)
-
-
-def _flag(text: str) -> bool:
-    """``true``/``false`` (any case), as an Argo parameter gives a boolean."""
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"invalid true|false value: {text!r}")
-    return text.lower() == "true"
 
 
 def _optional_seconds(text: str) -> int | None:

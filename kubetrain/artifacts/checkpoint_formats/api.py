@@ -69,7 +69,17 @@ class Reader(Protocol):
         ...
 
 
+#: Files saved beside a model that are not one (Hugging Face's Trainer, common scripts).
+AUXILIARY = re.compile(
+    r"(optimizer|optim|scheduler|lr_scheduler|rng_state|training_args|scaler|trainer_state)"
+    r"([-_.\d].*)?",
+    re.IGNORECASE,
+)
 _NUMBER = re.compile(r"\d+")
+
+
+def is_auxiliary(name: str) -> bool:
+    return AUXILIARY.fullmatch(name.split(".")[0]) is not None
 
 
 def make_candidate(
@@ -97,3 +107,23 @@ def no_state_key(state_key: str, what: str) -> None:
             f"{what} is one flat set of tensors, with no state dict to choose",
             "drop --state-key",
         )
+
+
+class SingleFile:
+    """A format held in one file, told by its name's ending: the base of such readers."""
+
+    FORMATS: tuple[str, ...]
+    #: Name endings of its files.
+    SUFFIXES: tuple[str, ...]
+
+    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
+        return []
+
+    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
+        name = relative.rsplit("/", 1)[-1]
+        if not name.endswith(self.SUFFIXES) or is_auxiliary(name):
+            return None
+        return make_candidate(root, relative, self.FORMATS[0], [relative], relative)
+
+    def files(self, root: Path, candidate: Candidate) -> list[str]:
+        return [candidate.relative]

@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubetrain.artifacts.checkpoint_formats.api import Candidate, ModelSource, make_candidate
+from kubetrain.artifacts.checkpoint_formats.api import Candidate, ModelSource, SingleFile
 from kubetrain.artifacts.checkpoint_formats.torch_save import (
-    is_auxiliary,
     numbers_beside,
     read_saved,
     tensors_source,
@@ -27,7 +26,6 @@ from kubetrain.artifacts.checkpoint_formats.torch_save import (
 from kubetrain.artifacts.model_card import SOURCE_LIGHTNING
 from kubetrain.errors import IntegrityError
 
-SUFFIX = ".ckpt"
 #: The key Lightning's checkpoint records its version under (``pytorch_lightning`` too).
 VERSION_KEY = "pytorch-lightning_version"
 #: Lightning's classes a checkpoint pickles, read as the plain containers they subclass.
@@ -50,20 +48,9 @@ def _check(saved: Any, what: str) -> None:
         )
 
 
-class Lightning:
+class Lightning(SingleFile):
     FORMATS = (SOURCE_LIGHTNING,)
-
-    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
-        return []
-
-    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
-        name = relative.rsplit("/", 1)[-1]
-        if not name.endswith(SUFFIX) or is_auxiliary(name):
-            return None
-        return make_candidate(root, relative, SOURCE_LIGHTNING, [relative], relative)
-
-    def files(self, root: Path, candidate: Candidate) -> list[str]:
-        return [candidate.relative]
+    SUFFIXES = (".ckpt",)
 
     def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
         saved, choice, state = read_saved(root, candidate, state_key, SAFE_GLOBALS, _check)

@@ -8,15 +8,12 @@ from pathlib import Path
 from kubetrain.artifacts.checkpoint_formats.api import (
     Candidate,
     ModelSource,
-    make_candidate,
+    SingleFile,
     no_state_key,
 )
 from kubetrain.artifacts.checkpoint_formats.files import held_to_rule
-from kubetrain.artifacts.checkpoint_formats.torch_save import is_auxiliary
 from kubetrain.artifacts.checkpoint_formats.writer import Stored, copy_ranges, safetensors_tensors
 from kubetrain.artifacts.model_card import SOURCE_SAFETENSORS
-
-SUFFIX = ".safetensors"
 
 
 def stored_source(fmt: str, tensors: dict[str, Stored]) -> ModelSource:
@@ -29,20 +26,9 @@ def stored_source(fmt: str, tensors: dict[str, Stored]) -> ModelSource:
     return ModelSource(fmt, entries, chunks)
 
 
-class SafetensorsFile:
+class SafetensorsFile(SingleFile):
     FORMATS = (SOURCE_SAFETENSORS,)
-
-    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
-        return []
-
-    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
-        name = relative.rsplit("/", 1)[-1]
-        if not name.endswith(SUFFIX) or is_auxiliary(name):
-            return None
-        return make_candidate(root, relative, SOURCE_SAFETENSORS, [relative], relative)
-
-    def files(self, root: Path, candidate: Candidate) -> list[str]:
-        return [candidate.relative]
+    SUFFIXES = (".safetensors",)
 
     def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
         path = held_to_rule(root, candidate.relative)

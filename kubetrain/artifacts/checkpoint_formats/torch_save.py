@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import errno
-import re
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubetrain.artifacts.checkpoint_formats.api import Candidate, ModelSource, make_candidate
+from kubetrain.artifacts.checkpoint_formats.api import (
+    Candidate,
+    ModelSource,
+    SingleFile,
+)
 from kubetrain.artifacts.checkpoint_formats.files import held_to_rule
 from kubetrain.artifacts.checkpoint_formats.state_select import (
     SAVE_STATE_DICT,
@@ -28,18 +31,8 @@ from kubetrain.artifacts.model_card import SOURCE_TORCH_SAVE, SOURCE_TORCH_SAVE_
 from kubetrain.errors import IntegrityError, refusal_reason
 
 SUFFIXES = (".pt", ".pth", ".bin")
-#: Files saved beside a model that are not one (Hugging Face's Trainer, common scripts).
-AUXILIARY = re.compile(
-    r"(optimizer|optim|scheduler|lr_scheduler|rng_state|training_args|scaler|trainer_state)"
-    r"([-_.\d].*)?",
-    re.IGNORECASE,
-)
 #: Where a saved dict records how far training got, by the name a card gives it.
 NUMBER_KEYS = {"epoch": ("epoch", "epochs_run", "current_epoch"), "step": ("step", "global_step")}
-
-
-def is_auxiliary(name: str) -> bool:
-    return AUXILIARY.fullmatch(name.split(".")[0]) is not None
 
 
 def load(path: Path, safe_globals: Sequence[Any] = ()) -> Any:
@@ -138,20 +131,9 @@ def read_saved(
     return saved, choice, state
 
 
-class TorchSave:
+class TorchSave(SingleFile):
     FORMATS = (SOURCE_TORCH_SAVE, SOURCE_TORCH_SAVE_DICT)
-
-    def recognise_folder(self, root: Path, folder: str, names: list[str]) -> list[Candidate]:
-        return []
-
-    def recognise_file(self, root: Path, relative: str) -> Candidate | None:
-        name = relative.rsplit("/", 1)[-1]
-        if not name.endswith(SUFFIXES) or is_auxiliary(name):
-            return None
-        return make_candidate(root, relative, SOURCE_TORCH_SAVE, [relative], relative)
-
-    def files(self, root: Path, candidate: Candidate) -> list[str]:
-        return [candidate.relative]
+    SUFFIXES = SUFFIXES
 
     def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
         saved, choice, state = read_saved(root, candidate, state_key)

@@ -45,6 +45,14 @@ def write_digits(output_dir: Path, seed: int = 0) -> Path:
     return output_dir
 
 
+@pytest.fixture
+def local_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of its own for the local backend's jobs (``KUBETRAIN_LOCAL_ROOT``)."""
+    root = tmp_path / "jobs"
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
+    return root
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared digits dataset folder, written once per test session."""

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -256,13 +255,6 @@ if dist.get_rank() == 2:
     raise RuntimeError("boom on rank 2")
 dist.all_reduce(torch.zeros(1))  # the others block here until rank 2's connection closes
 """
-
-
-@pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
 
 
 def test_wait_on_a_two_by_two_job_names_rank_2_and_its_exception(local_root, tmp_path, capfd):

@@ -42,13 +42,6 @@ BOILERPLATE = (
 )
 
 
-@pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
 def kubetrain(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

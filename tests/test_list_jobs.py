@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,13 +19,6 @@ from kubetrain.render.metadata import MANAGED_BY_LABEL
 from tests.support import objects
 
 IMAGE = "ghcr.io/example/trainer:1.0"
-
-
-@pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
 
 
 def _until(predicate, timeout: float = 20.0) -> None:

@@ -21,13 +21,6 @@ from kubetrain.names import derive_job_name
 from tests.support.processes import process_alive, supervisor_pid
 
 
-@pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
 def kubetrain(
     *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:

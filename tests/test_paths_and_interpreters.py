@@ -49,13 +49,6 @@ USER_ONLY_MODULE = "only_in_my_venv"
 
 
 @pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
-@pytest.fixture
 def project(tmp_path, digits_dir) -> Path:
     """The caller's folder: a copy of the dataset as ``data`` and the program ``show.py``."""
     folder = tmp_path / "project"

@@ -20,13 +20,6 @@ from tests.support.processes import process_alive
 from tests.test_pipeline import run_pipeline
 
 
-@pytest.fixture
-def local_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
 def test_a_successful_run_removes_its_job_folder_and_keeps_the_model(local_root, tmp_path):
     result = run_pipeline(tmp_path, "--nodes", "1", "--epochs", "1", "--threshold", "0")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

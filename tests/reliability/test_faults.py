@@ -34,13 +34,6 @@ EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .*test_accuracy ([0-9.]+)")
 RESUMED_LINE = re.compile(r"resumed from \S+: epoch (\d+)")
 
 
-@pytest.fixture
-def local_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
 def kubetrain(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kubetrain", *args],

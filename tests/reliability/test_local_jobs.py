@@ -38,13 +38,6 @@ TEST_MARK = "KUBETRAIN_TEST_MARK"
 
 
 @pytest.fixture
-def local_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
-@pytest.fixture
 def mark(monkeypatch: pytest.MonkeyPatch) -> str:
     value = uuid.uuid4().hex
     monkeypatch.setenv(TEST_MARK, value)

@@ -17,13 +17,6 @@ from kubetrain.components.launch_trainjob.launch import (
 from kubetrain.errors import InvalidInput
 
 
-@pytest.fixture
-def local_root(tmp_path, monkeypatch):
-    root = tmp_path / "jobs"
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(root))
-    return root
-
-
 def test_launch_records_a_torchrun_spec_and_returns_at_once(local_root, digits_dir):
     result = launch(
         LaunchRequest(

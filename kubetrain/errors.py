@@ -308,6 +308,14 @@ def _one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
 
 
+def _written_out(line: str) -> str:
+    """A context line (a rank's traceback) with its control characters but tabs written as
+    ``\\xNN``: the lines are the user's program's, printed on the user's terminal."""
+    return _CONTROL.sub(
+        lambda m: m.group() if m.group() == "\t" else f"\\x{ord(m.group()):02x}", line
+    )
+
+
 def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:
     """The boundary of a command (``kubetrain CMD``, ``python -m kubetrain.train``): print
     ``PROG: error: LINE`` (``failure_line``) as ONE line on stderr, after a KubetrainError's
@@ -316,7 +324,7 @@ def report_failure(prog: str, exc: BaseException, output: str | None = None) -> 
     matters) only with KUBETRAIN_DEBUG=1, which every line but a KubetrainError's mentions."""
     line, code = failure_line(exc, output)
     if isinstance(exc, KubetrainError) and (context := exc.context_lines()):
-        print("\n".join(context), file=sys.stderr)
+        print("\n".join(_written_out(line) for line in context), file=sys.stderr)
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         traceback.print_exception(exc, file=sys.stderr)
     print(f"{prog}: error: {line}", file=sys.stderr, flush=True)

@@ -115,10 +115,15 @@ def collect_checkpoint(
             "folder only; copy the checkpoint to a local folder or volume and point "
             "--checkpoint-dir at it"
         )
-    search = foreign.find_checkpoint(root)
-    if search.found is None:
-        raise foreign.nothing_to_collect(checkpoint_dir, search.writing)
-    return _collect_foreign(root, search.found, output_dir, publishing)
+    writing: list[str] = []
+    for candidate in foreign.newest_checkpoints(root, writing):
+        try:
+            return _collect_foreign(root, candidate, output_dir, publishing)
+        except foreign.UnreadableCheckpoint:
+            if not foreign.still_being_written(root, candidate):
+                raise
+            writing.append(candidate.relative)  # caught mid-write: the next newest
+    raise foreign.nothing_to_collect(checkpoint_dir, writing)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,13 @@ class Gate:
                 f"{metric!r} is not one of ours",
                 "use accuracy or loss, or give your evaluation program",
             )
+        if threshold is not None and below is not None:
+            raise InvalidInput(
+                "below",
+                f"is given with threshold ({below:g} and {threshold:g}): a gate has one bound",
+                f"give --threshold X (pass when {metric} >= X) or --below X (pass when "
+                f"{metric} < X), not both",
+            )
         gate = cls(metric, DEFAULT_ACCURACY_THRESHOLD if threshold is None else threshold, below)
         gate.validate()
         if threshold is None and below is None and metric != "accuracy":

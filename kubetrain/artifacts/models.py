@@ -73,6 +73,12 @@ def build_model(
     factory = import_callable(spec, option, MODEL_FIX)
     try:
         model = factory(shape, int(num_classes))
+    except SystemExit as exc:  # sys.exit() in a factory is not kubetrain's exit, nor success
+        raise InvalidInput(
+            option,
+            f"{spec}({shape}, {int(num_classes)}) exited (SystemExit {exc.code!r})",
+            "a model factory returns the model; it must not exit",
+        ) from None
     except Exception as exc:  # the user's code: say so, not "a bug in kubetrain"
         raise InvalidInput(
             option,

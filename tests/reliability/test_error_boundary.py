@@ -352,3 +352,18 @@ def test_control_characters_in_an_error_line_are_written_out_not_sent_to_the_ter
     err = capsys.readouterr().err
     assert "\x1b" not in err and err.count("\n") == 1
     assert "raised ValueError: one two \\x1b[2J\\x1b[31m red" in err
+
+
+@pytest.mark.security
+def test_control_characters_in_a_failed_jobs_context_lines_are_written_out(capsys) -> None:
+    """wait prints the failing rank's traceback before the error line: an escape sequence in the
+    user's exception text is shown as \\x1b there too (tabs stay)."""
+    from kubetrain.errors import KubetrainError, report_failure
+
+    class Failed(KubetrainError):
+        def context_lines(self) -> list[str]:
+            return ["Traceback (most recent call last):", "\tx", "ValueError: \x1b[2Jboom"]
+
+    assert report_failure("kubetrain wait", Failed("job failed")) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "ValueError: \\x1b[2Jboom" in err and "\tx" in err

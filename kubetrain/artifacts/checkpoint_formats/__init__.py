@@ -25,25 +25,29 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
 from kubetrain.artifacts.checkpoint_formats.dcp import METADATA, Dcp
-from kubetrain.artifacts.checkpoint_formats.files import held_to_rule, snapshot
+from kubetrain.artifacts.checkpoint_formats.files import (
+    UnreadableCheckpoint,
+    held_to_rule,
+    snapshot,
+)
 from kubetrain.artifacts.checkpoint_formats.hf_sharded import HfSharded, is_index
 from kubetrain.artifacts.checkpoint_formats.lightning import Lightning
 from kubetrain.artifacts.checkpoint_formats.naming import published_names
 from kubetrain.artifacts.checkpoint_formats.safetensors_file import SafetensorsFile
 from kubetrain.artifacts.checkpoint_formats.search import (
-    Search,
     holds_our_layout,
     is_settled,
     nothing_to_collect,
     one_file,
-    search_in,
+    settled_candidates,
+    still_being_written,
     whole_folder,
 )
 from kubetrain.artifacts.checkpoint_formats.torch_save import TorchSave
@@ -53,8 +57,8 @@ from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.storage.integrity import sha256_file
 
 __all__ = [
-    "READERS", "Candidate", "Converted", "Search", "convert", "find_checkpoint",
-    "holds_our_layout", "named_checkpoint", "nothing_to_collect",
+    "READERS", "Candidate", "Converted", "convert", "holds_our_layout", "named_checkpoint",
+    "newest_checkpoints", "nothing_to_collect", "still_being_written", "UnreadableCheckpoint",
 ]  # fmt: skip
 
 #: Every format collect reads besides kubetrain's own, in the order a file is offered to them.
@@ -64,9 +68,9 @@ _EPOCH_IN_NAME = re.compile(r"epoch[-_=]?(\d+)", re.IGNORECASE)
 _STEP_IN_NAME = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_=]?(\d+)", re.IGNORECASE)
 
 
-def find_checkpoint(root: Path) -> Search:
-    """The newest checkpoint below ``root`` not being written (:mod:`.search`)."""
-    return search_in(READERS, root)
+def newest_checkpoints(root: Path, writing: list[str]) -> Iterator[Candidate]:
+    """The checkpoints below ``root``, newest first, not being written (:mod:`.search`)."""
+    return settled_candidates(READERS, root, writing)
 
 
 # --- a file the user names -------------------------------------------------------------------
@@ -210,7 +214,7 @@ def convert(
     entries = [source.entries[name].renamed(names[name]) for name in order]
     written = write_safetensors(target, entries, source.chunks(order), observe)
     if snapshot(root, files) != before:
-        raise IntegrityError(
+        raise UnreadableCheckpoint(
             f"checkpoint {root / relative} changed while it was collected; collect again once "
             "the training job has finished writing it"
         )

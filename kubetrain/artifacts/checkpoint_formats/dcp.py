@@ -19,6 +19,7 @@ from typing import Any
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, ModelSource, make_candidate
 from kubetrain.artifacts.checkpoint_formats.files import (
+    UnreadableCheckpoint,
     check_listed,
     held_to_rule,
     join,
@@ -50,7 +51,7 @@ def metadata_of(root: Path, relative: str) -> Any:
     except IntegrityError:
         raise
     except Exception as exc:  # whatever a malformed or planted pickle raises
-        raise IntegrityError(
+        raise UnreadableCheckpoint(
             f"checkpoint file {path} is not DCP metadata, refused unread ({exc}); {_SAVE_DCP}"
         ) from None
     if not isinstance(metadata, Metadata):
@@ -100,7 +101,7 @@ def _batches(folder: Path, metadata: Any, model: list[tuple[str, Any]], what: st
             errors = (error for error, _trace in exc.failures.values())
             refusal = next((e for e in errors if isinstance(e, IntegrityError)), None)
             if refusal is None:
-                raise IntegrityError(f"{what} could not be read ({exc}); refused") from None
+                raise UnreadableCheckpoint(f"{what} could not be read ({exc}); refused") from None
             raise refusal from None
         return [request[fqn] for fqn, _entry in batch]
 

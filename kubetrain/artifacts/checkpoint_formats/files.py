@@ -11,6 +11,11 @@ from kubetrain.artifacts.manifest import MAX_RECORD_BYTES, local_entry_problem, 
 from kubetrain.errors import IntegrityError
 
 
+class UnreadableCheckpoint(IntegrityError):
+    """A checkpoint file that cannot be read as its format: corrupt, or caught mid-write by a
+    writer pausing longer than the settling check (collect then watches it for changes)."""
+
+
 def held_to_rule(root: Path, relative: str) -> Path:
     """``root/relative`` once it is a regular file inside ``root`` (refused unread, in one
     line naming it, when it is a link out, a device, a FIFO or a folder)."""
@@ -22,7 +27,9 @@ def held_to_rule(root: Path, relative: str) -> Path:
             "inside --checkpoint-dir"
         )
     if not path.exists():
-        raise IntegrityError(f"checkpoint file {path} is missing; check the training job's logs")
+        raise UnreadableCheckpoint(
+            f"checkpoint file {path} is missing; check the training job's logs"
+        )
     return path
 
 

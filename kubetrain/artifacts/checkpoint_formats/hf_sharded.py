@@ -16,6 +16,7 @@ from kubetrain.artifacts.checkpoint_formats.api import (
     no_state_key,
 )
 from kubetrain.artifacts.checkpoint_formats.files import (
+    UnreadableCheckpoint,
     check_listed,
     held_to_rule,
     join,
@@ -49,7 +50,7 @@ def _weight_map(root: Path, relative: str) -> dict[str, str]:
     try:
         index = json.loads(read_record(path))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise IntegrityError(f"{what} is not a JSON index ({exc}); refused") from None
+        raise UnreadableCheckpoint(f"{what} is not a JSON index ({exc}); refused") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise IntegrityError(
@@ -59,6 +60,21 @@ def _weight_map(root: Path, relative: str) -> dict[str, str]:
     for name, shard in weight_map.items():
         check_listed(path.parent, shard, f"{what} maps {shown(name)} to")
     return weight_map
+
+
+def _check_shard(shard: Path, holds: set[str], mapped: list[str], relative: str) -> None:
+    """A shard holds exactly what the index maps to it: a tensor missing is refused, and so is
+    one the index leaves out (the model would be published without it)."""
+    missing = sorted(set(mapped) - holds)
+    if missing:
+        raise _lacks(shard, missing[0], relative)
+    unmapped = sorted(holds - set(mapped))
+    if unmapped:
+        raise IntegrityError(
+            f"checkpoint file {shard} holds tensor {shown(unmapped[0])}, which "
+            f"{os.path.basename(relative)} does not map to it ({len(unmapped)} left out); save "
+            "the model again, so the index names every tensor"
+        )
 
 
 def _lacks(shard: Path, name: str, relative: str) -> IntegrityError:
@@ -105,17 +121,13 @@ class HfSharded:
             stored = {}
             for shard, names in sorted(wanted.items()):
                 in_shard = safetensors_tensors(held_to_rule(root, shard))
-                for name in names:
-                    if name not in in_shard:
-                        raise _lacks(root / shard, name, relative)
-                    stored[name] = in_shard[name]
+                _check_shard(root / shard, set(in_shard), names, relative)
+                stored.update({name: in_shard[name] for name in names})
             return stored_source(candidate.format, stored)
         state: dict[str, Any] = {}
         for shard, names in sorted(wanted.items()):
             path = held_to_rule(root, shard)
             _, loaded = chosen_state(load(path), "", f"checkpoint file {path}")
-            for name in names:
-                if name not in loaded:
-                    raise _lacks(path, name, relative)
-                state[name] = loaded[name]
+            _check_shard(path, set(loaded), names, relative)
+            state.update({name: loaded[name] for name in names})
         return tensors_source(candidate.format, state)

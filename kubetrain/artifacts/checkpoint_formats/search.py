@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
@@ -22,8 +21,9 @@ LOOKED_FOR = (
     "our manifest/LATEST, *.safetensors, *.pt/*.pth/*.bin, Lightning *.ckpt, a DCP .metadata, "
     "an HF index, in any folder below"
 )
-#: How deep below the checkpoint folder the search goes.
-MAX_DEPTH = 8
+#: Most files and folders the search looks at: past that, the folder is not one a script saves
+#: into (a home folder, a dataset), and a model found so far may not be the newest.
+MAX_ENTRIES = 200_000
 #: Name parts of a file still being written (``model.pt.tmp``, ``model.partial.pt``).
 _WRITING_PARTS = {"tmp", "temp", "partial", "part", "incomplete"}
 #: kubetrain's own checkpoint folders, never taken for a script's.
@@ -36,15 +36,8 @@ _OUR_RECORDS = {"manifest.json", "model.json"}
 #: :data:`SETTLE_SECONDS` apart, before it is taken.
 RECENT_SECONDS = 30.0
 SETTLE_SECONDS = 0.25
-
-
-@dataclass
-class Search:
-    """What :func:`find_checkpoint` found: the newest settled candidate, or None, and the ones
-    it passed over as still being written."""
-
-    found: Candidate | None
-    writing: list[str] = field(default_factory=list)
+#: How long a recent checkpoint that failed to read is watched for a writer still at it.
+WATCH_SECONDS = 3.0
 
 
 def holds_our_layout(folder: Path) -> bool:
@@ -81,13 +74,28 @@ def one_file(readers: Sequence[Reader], root: Path, relative: str) -> Candidate 
     )
 
 
-def candidates(readers: Sequence[Reader], root: Path, folder: str = "") -> list[Candidate]:
-    """Every checkpoint in ``root/folder`` and the folders below it, depth first."""
+def candidates(readers: Sequence[Reader], root: Path) -> list[Candidate]:
+    """Every checkpoint in ``root`` and the folders below it, at any depth (links are not
+    followed), refused past :data:`MAX_ENTRIES` entries rather than taken from a part."""
+    seen = [0]
+    return _candidates(readers, root, "", seen)
+
+
+def _candidates(
+    readers: Sequence[Reader], root: Path, folder: str, seen: list[int]
+) -> list[Candidate]:
     try:
         entries = sorted(os.scandir(root / folder if folder else root), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
     names = [entry.name for entry in entries]
+    seen[0] += len(names)
+    if seen[0] > MAX_ENTRIES:
+        raise IntegrityError(
+            f"checkpoint_dir: {root} holds over {MAX_ENTRIES} files and folders, too many to "
+            "tell the newest checkpoint; point --checkpoint-dir at the folder your script "
+            "saves into, or name the file with --checkpoint-file"
+        )
     if folder and _OUR_RECORDS & set(names):
         return []
     whole = whole_folder(readers, root, folder, names)
@@ -99,10 +107,8 @@ def candidates(readers: Sequence[Reader], root: Path, folder: str = "") -> list[
         if still_written_name(entry.name):
             continue
         if entry.is_dir(follow_symlinks=False):
-            depth = relative.count("/") + 1
-            passed = OUR_CHECKPOINT.fullmatch(entry.name) or entry.name in _PASSED_OVER
-            if depth <= MAX_DEPTH and not passed:
-                found += candidates(readers, root, relative)
+            if not (OUR_CHECKPOINT.fullmatch(entry.name) or entry.name in _PASSED_OVER):
+                found += _candidates(readers, root, relative, seen)
         elif (candidate := one_file(readers, root, relative)) is not None:
             found.append(candidate)
     return found
@@ -146,17 +152,34 @@ def is_settled(root: Path, candidate: Candidate) -> bool:
     return _sizes(root, candidate.files) == before
 
 
-def search_in(readers: Sequence[Reader], root: Path) -> Search:
-    """The newest checkpoint in ``root`` (see :func:`ranked`) that is not being written: no
-    hidden or ``.tmp``/``.partial``/``.part`` name, and a size that holds still. Opens
-    nothing: the files are held to the rule when the chosen one is read."""
-    search = Search(None)
+def settled_candidates(
+    readers: Sequence[Reader], root: Path, writing: list[str]
+) -> Iterator[Candidate]:
+    """The checkpoints in ``root``, newest first (see :func:`ranked`), that are not being
+    written: no hidden or ``.tmp``/``.partial``/``.part`` name, and a size that holds still
+    (each passed over is added to ``writing``). Opens nothing: the files are held to the rule
+    when one is read."""
     for candidate in ranked(candidates(readers, root)):
         if is_settled(root, candidate):
-            search.found = candidate
-            return search
-        search.writing.append(candidate.relative)
-    return search
+            yield candidate
+        else:
+            writing.append(candidate.relative)
+
+
+def still_being_written(root: Path, candidate: Candidate) -> bool:
+    """Whether a checkpoint that failed to read was caught mid-write: modified recently and
+    changing within :data:`WATCH_SECONDS` (a writer pausing between writes outlasts the
+    settling check). An old file, or one that holds still, is corrupt, not being written."""
+    if time.time() - candidate.mtime_ns / 1e9 > RECENT_SECONDS:
+        return False
+    before = _sizes(root, candidate.files)
+    deadline = time.monotonic() + WATCH_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_SECONDS)
+        now = _sizes(root, candidate.files)
+        if now != before or any(mtime > candidate.mtime_ns for _size, mtime in now.values()):
+            return True
+    return False
 
 
 def nothing_to_collect(checkpoint_dir: object, writing: list[str]) -> IntegrityError:

@@ -8,12 +8,19 @@ or a dict of ``state`` + ``param_groups``), schedulers, scalers — is never the
 
 The model is, in this order: the node ``--state-key`` names (``app.model``; never training
 state); the top itself when it is a state dict and nothing else is named as a model; the one
-state dict under a model key (:data:`MODEL_KEYS`). Several such, or only state dicts under
+state dict under a model key (:func:`is_model_key`). Several such, or only state dicts under
 other keys, is ambiguous and refused, listing what was found: collect never guesses.
+
+Inside a state dict, the first part of the names is a submodule (a LightningModule's
+``self.model`` and ``self.ema_model`` give ``model.*`` and ``ema_model.*``): two submodules
+named as models are two models, refused unless ``--state-key state_dict.model`` names one,
+which is published without its prefix. A state dict of optimizer moments only
+(``state.0.exp_avg``...) is training state, whatever key holds it.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,8 +34,19 @@ from kubetrain.errors import IntegrityError, InvalidInput
 #: friends (``model``, ``module``, ``net``, ``network``) and EMA copies.
 MODEL_KEYS = (
     "model_state_dict", "state_dict", "model", "model_state", "module", "net", "network",
-    "ema", "model_ema", "ema_state_dict", "ema_model",
+    "ema", "model_ema", "ema_state_dict", "ema_model", "state_dict_ema",
 )  # fmt: skip
+#: A key holding one of these words (split at ``_``/``-``) names a model too (timm's
+#: ``state_dict_ema``, ``teacher_model``).
+_MODEL_WORDS = {"model", "ema", "net", "network"}
+#: Submodules that are whole models of their own beside another (distillation): with a second
+#: model-named one, a state dict holding them holds several models.
+_OTHER_MODELS = {"teacher", "student", "generator", "discriminator"}
+#: The last part of the names of a torch optimizer's per-parameter state.
+OPTIMIZER_MOMENTS = {
+    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step", "square_avg",
+    "acc_delta", "sum", "exp_inf", "mu", "eta", "ax", "prev", "step_size",
+}  # fmt: skip
 #: Keys of training state, never of the model (compared lower-cased).
 TRAINING_STATE_KEYS = (
     "optimizer", "optimizers", "optimizer_state_dict", "optimizer_states", "optim",
@@ -63,6 +81,12 @@ class Choice:
     @property
     def state_key(self) -> str:
         return dotted(self.node)
+
+
+def is_model_key(key: Hashable) -> bool:
+    """Whether a key names a model (:data:`MODEL_KEYS`, or a key of :data:`_MODEL_WORDS`)."""
+    text = str(key).lower()
+    return text in MODEL_KEYS or bool(_MODEL_WORDS & set(re.split(r"[_\-]", text)))
 
 
 def dotted(path: Iterable[Hashable]) -> str:
@@ -116,7 +140,7 @@ def choose_state(leaves: list[Leaf], state_key: str, what: str) -> Choice:
     )
     if state_key:
         return _named(leaves, state_key, state_dicts, nodes, under_training, what)
-    modelled = [node for node in state_dicts if node and str(node[-1]).lower() in MODEL_KEYS]
+    modelled = [node for node in state_dicts if node and is_model_key(node[-1])]
     chosen = modelled + ([()] if () in state_dicts else [])
     if len(chosen) == 1:
         return _choice(leaves, chosen[0], what)
@@ -156,7 +180,24 @@ def _named(
     under_training: Any,
     what: str,
 ) -> Choice:
-    node = next((n for n in nodes if dotted(n) == state_key), None)
+    named = [n for n in nodes if dotted(n) == state_key]
+    inside = [
+        (node, state_key[len(dotted(node)) + 1 :])
+        for node in state_dicts
+        if node and state_key.startswith(dotted(node) + ".")
+    ]
+    inside = [(node, sub) for node, sub in inside if sub in _submodules(leaves, node)]
+    if len(named) + len(inside) > 1:
+        raise InvalidInput(
+            "state_key",
+            f"{shown(state_key)} names {len(named) + len(inside)} places in {what} (keys with "
+            "dots in them)",
+            "save the model under a key without dots",
+        )
+    if inside:
+        node, sub = inside[0]
+        return _submodule(_choice(leaves, node, what, whole=True), sub)
+    node = named[0] if named else None
     if node is not None and node and under_training(node):
         raise InvalidInput(
             "state_key",
@@ -173,8 +214,27 @@ def _named(
     return _choice(leaves, node, what)
 
 
-def _choice(leaves: list[Leaf], node: tuple[Hashable, ...], what: str) -> Choice:
-    """The state dict at ``node``: every value a tensor with a text name, else refused."""
+def _submodules(leaves: list[Leaf], node: tuple[Hashable, ...]) -> set[str]:
+    """The first parts of the names of the state dict at ``node`` that have more after them."""
+    return {
+        str(leaf.path[-1]).split(".", 1)[0]
+        for leaf in leaves
+        if leaf.path[:-1] == node and "." in str(leaf.path[-1])
+    }
+
+
+def _submodule(choice: Choice, sub: str) -> Choice:
+    """Only the names of submodule ``sub`` of ``choice``, without its prefix."""
+    prefix = f"{sub}."
+    names = {n.removeprefix(prefix): p for n, p in choice.names.items() if n.startswith(prefix)}
+    return Choice((*choice.node, sub), names)
+
+
+def _choice(
+    leaves: list[Leaf], node: tuple[Hashable, ...], what: str, whole: bool = False
+) -> Choice:
+    """The state dict at ``node``: every value a tensor with a text name, else refused; one
+    holding several models as submodules is refused unless ``whole`` (one is being named)."""
     where = f"{what}: {dotted(node)}" if node else what
     names: dict[str, tuple[Hashable, ...]] = {}
     for leaf in leaves:
@@ -191,4 +251,19 @@ def _choice(leaves: list[Leaf], node: tuple[Hashable, ...], what: str) -> Choice
                 f"{SAVE_STATE_DICT}"
             )
         names[name] = leaf.path
+    if names and all(name.rsplit(".", 1)[-1] in OPTIMIZER_MOMENTS for name in names):
+        raise IntegrityError(
+            f"{where} holds optimizer state ({', '.join(shown(n) for n in sorted(names)[:3])}"
+            "...), no model; "
+            f"{SAVE_STATE_DICT} too"
+        )
+    models = sorted(
+        sub for sub in _submodules(leaves, node) if is_model_key(sub) or sub in _OTHER_MODELS
+    )
+    if len(models) > 1 and not whole:
+        paths = [(*node, sub) for sub in models]
+        raise IntegrityError(
+            f"{where} holds several models ({_found(paths)}); name the model's with "
+            f"{STATE_KEY_OPTION}"
+        )
     return Choice(node, names)

@@ -18,7 +18,7 @@ from kubetrain.artifacts.checkpoint_formats.api import (
     ModelSource,
     SingleFile,
 )
-from kubetrain.artifacts.checkpoint_formats.files import held_to_rule
+from kubetrain.artifacts.checkpoint_formats.files import UnreadableCheckpoint, held_to_rule
 from kubetrain.artifacts.checkpoint_formats.state_select import (
     SAVE_STATE_DICT,
     Choice,
@@ -53,7 +53,8 @@ def load(path: Path, safe_globals: Sequence[Any] = ()) -> Any:
             raise  # the file system's own error (EIO, EACCES...): the error boundary's line
         # torch's zip reader says EINVAL of a truncated or corrupt archive
         reason = "truncated or corrupt" if isinstance(exc, OSError) else refusal_reason(exc)
-        raise IntegrityError(
+        refused = any(words in str(exc) for words in ("Weights only load", "Unsupported global"))
+        raise (IntegrityError if refused else UnreadableCheckpoint)(
             f"checkpoint file {path} is not a plain state dict, refused unread by "
             f"torch.load(weights_only=True) ({reason}); {SAVE_STATE_DICT} with torch.save"
         ) from None

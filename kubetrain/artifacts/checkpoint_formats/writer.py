@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from kubetrain.artifacts.checkpoint_formats.files import UnreadableCheckpoint
 from kubetrain.artifacts.manifest import shown
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError
@@ -96,7 +97,7 @@ def write_safetensors(
             position += len(piece)
         written = position - 8 - len(text)
     if written != offset:  # a source that changed under us
-        raise IntegrityError(
+        raise UnreadableCheckpoint(
             f"the tensors read were {written} bytes, their shapes say {offset}; collect again "
             "once the training job has finished writing"
         )
@@ -152,7 +153,7 @@ def safetensors_tensors(path: Path) -> dict[str, Stored]:
             (length,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(length))
     except (ValueError, struct.error) as exc:
-        raise IntegrityError(
+        raise UnreadableCheckpoint(
             f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
         ) from None
     start = 8 + length
@@ -185,7 +186,7 @@ def copy_ranges(stored: list[Stored]) -> Iterator[bytes]:
             while left:
                 chunk = handle.read(min(left, CHUNK_BYTES))
                 if not chunk:
-                    raise IntegrityError(
+                    raise UnreadableCheckpoint(
                         f"checkpoint file {tensor.path} ended early; collect again"
                     )
                 left -= len(chunk)

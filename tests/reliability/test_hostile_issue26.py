@@ -800,6 +800,7 @@ def test_6d_metric_without_a_bound_is_refused(published_model, capsys):
     assert "--threshold" in lines[0] and "--below" in lines[0]
 
 
+@pytest.mark.bad_input
 def test_6e_threshold_and_below_together_do_not_pass_a_model_under_the_threshold(
     published_model, capsys
 ):
@@ -812,7 +813,10 @@ def test_6e_threshold_and_below_together_do_not_pass_a_model_under_the_threshold
          "--below", "1.0", "--", sys.executable, "eval.py"],
         capsys,
     )  # fmt: skip
-    assert code != 0, out
+    assert code == 2, out
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    field = "below"  # the refusal names the field and both options
+    assert f"error: {field}: " in line and "--threshold" in line and "not both" in line
 
 
 TRAIN_PATH = """

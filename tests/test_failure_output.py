@@ -7,8 +7,6 @@ backend and through the emulated cluster (a fake Trainer runs the node pods)."""
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kubetrain.backends.torchrun_output import NodeLogView, TorchrunFolding, folded
+from tests.support.processes import run_kubetrain as kubetrain
 
 CRASH = """\
 import os
@@ -40,21 +39,6 @@ BOILERPLATE = (
     "bin/torchrun",
     "=" * 20,
 )
-
-
-def kubetrain(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "kubetrain", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def launch_crash(tmp_path: Path, nodes: int, procs: int, fail_rank: int, *torchrun: str) -> str:

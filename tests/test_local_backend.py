@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -19,18 +17,7 @@ from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import Resources, TrainJobSpec
 from kubetrain.names import derive_job_name
 from tests.support.processes import process_alive, supervisor_pid
-
-
-def kubetrain(
-    *args: str, cwd: Path | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kubetrain", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-    )
+from tests.support.processes import run_kubetrain as kubetrain
 
 
 def write_script(folder: Path, name: str, body: str) -> Path:

@@ -139,7 +139,7 @@ class Publishing:
     def scanned(self, scan: NonfiniteScan) -> Callable[[int, Any], None] | None:
         """What watches the model's bytes as they are written: ``scan``, unless NaN/Inf is
         allowed."""
-        return None if self.allow_nonfinite else scan.feed
+        return None if self.allow_nonfinite else scan.watcher()
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]] | None:
         """The names and shapes of ``model_factory``'s model for ``data``'s samples, when both

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,3 +70,21 @@ def kill(pid: int, signum: int = signal.SIGKILL) -> float:
     """Send ``signum`` to ``pid``; the monotonic time it was sent."""
     os.kill(pid, signum)
     return time.monotonic()
+
+
+def run_kubetrain(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """``python -m kubetrain ARGS`` as a user runs it, output captured (``env`` on top of
+    this process's)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kubetrain", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )

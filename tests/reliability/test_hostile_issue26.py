@@ -30,21 +30,10 @@ from safetensors.torch import load_file, save, save_file
 from torch import nn
 
 from kubetrain.cli import main
+from tests.support.seed_script import NETDEF
 
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
 
-NETDEF = """
-from torch import nn
-
-
-def build(sample_shape, num_classes):
-    features = 1
-    for size in sample_shape:
-        features *= size
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, num_classes)
-    )
-"""
 MODEL_KEYS = {"1.weight", "1.bias", "3.weight", "3.bias"}
 
 

@@ -23,6 +23,7 @@ restricted unpickler, its pickled-bytes entries never).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -211,7 +212,7 @@ def convert(
         shapes, source.owner_prefix, expected, f"checkpoint {root / relative}", factory
     )
     order = sorted(source.entries, key=lambda name: names[name])
-    entries = [source.entries[name].renamed(names[name]) for name in order]
+    entries = [dataclasses.replace(source.entries[name], name=names[name]) for name in order]
     written = write_safetensors(target, entries, source.chunks(order), observe)
     if snapshot(root, files) != before:
         raise UnreadableCheckpoint(

@@ -56,9 +56,6 @@ class Entry:
     shape: tuple[int, ...]
     nbytes: int
 
-    def renamed(self, name: str) -> Entry:
-        return Entry(name, self.dtype, self.shape, self.nbytes)
-
 
 class Written(NamedTuple):
     """What a safetensors file was written with: how many tensors, and its sha256."""

@@ -223,8 +223,9 @@ def test_kubetrain_run_trains_two_nodes_end_to_end(tmp_path, monkeypatch):
     assert (promoted / "model.safetensors").is_file()
     assert json.loads((promoted.parent / "PROMOTED").read_text())["version"] == run_name
     assert job.name == derive_job_name(run_name)
-    # the exit handler ran and left the succeeded run's job alone
-    assert "the run succeeded: its job ended by itself" in result.stdout
+    # the exit handler ran and kept the completed job (issue 27 (1): the job decides)
+    kept = f"KFP reports the run's body SUCCEEDED: job {job.name} completed, kept with its status"
+    assert kept in result.stdout
     # Issue 18 (1): concise by default, no colour when not on a terminal: a line per step as
     # it starts and ends, rank 0's epoch lines, the summary last; no KFP executor dumps.
     lines = result.stdout.splitlines()
@@ -265,10 +266,10 @@ def test_kubetrain_run_below_threshold_exits_3(tmp_path, monkeypatch):
 
 
 def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path, monkeypatch):
-    """Issue 17 (5): the pipeline's dsl.ExitHandler deletes the job of a failed run (on a
-    cluster, a stopped one too: KFP's launcher passes no signal on to wait, kubeflow/pipelines
-    2.17.0 backend/src/v2/component/launcher_v2.go); KFP's local runner runs it (kfp 2.17
-    kfp/local/orchestrator/enhanced_dag_orchestrator.py)."""
+    """Issue 17 (5): the pipeline's dsl.ExitHandler deletes the job of a failed run whose job
+    still runs (on a cluster, a stopped one's too: wait's on_cancel gets SIGTERM but may be
+    killed before it finishes, pipelines/training_pipeline.py); KFP's local runner runs it
+    (kfp 2.17 kfp/local/orchestrator/enhanced_dag_orchestrator.py)."""
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
     result = run_pipeline(tmp_path, "--timeout", "1")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
@@ -279,7 +280,7 @@ def test_kubetrain_run_failing_wait_deletes_the_job_in_the_exit_handler(tmp_path
     ), last_line
     assert "\x1b[" not in result.stdout + result.stderr
     assert re.search(r"^wait-trainjob failed after \d+\.\ds: timed out", result.stdout, re.M)
-    deleted = re.search(r"the run ended FAILED: stopped (\S+); its folder stays", result.stdout)
+    deleted = re.search(r"body FAILED: stopped (\S+); its folder stays", result.stdout)
     assert deleted, result.stdout[-3000:]
     # Issue 18 (3): under `kubetrain run` the exit handler stops the job and keeps its folder,
     # whose logs the run's last line points to

@@ -70,19 +70,22 @@ def delete_trainjob(
     backend: str = "trainer",
     namespace: str = "",
 ):
-    """The exit handler's clean-up (``dsl.ExitHandler``): unless the run succeeded, delete, in
-    the background, the job the launch step created for ``run_name``, if there is one. KFP's
-    launcher passes no signal on to a stopped run's wait step, so without this a failed or
-    stopped run would leave its training running. The same road as `kubetrain delete
-    --run-name RUN --ignore-not-found`, the Argo workflow's exit handler."""
+    """The exit handler's clean-up (``dsl.ExitHandler``): delete, in the background, the job
+    the launch step created for ``run_name``, unless it ended Complete (then it stays, with its
+    status and logs); nothing if there is none. The job decides, not ``status``: a KFP
+    backend passes the ML Metadata state of the body's DAG, which stays RUNNING when a dsl.If
+    was false (tests/support/kfp_backend_states.py). A stopped run's wait step gets SIGTERM but
+    has at most about a second to stop the job (KFP's launcher dies on it, and Argo's emissary
+    then ends the container), so this is what surely stops training. The same road as
+    `kubetrain delete --run-name RUN --ignore-not-found --keep-complete`, the Argo workflow's
+    exit handler."""
     from kubetrain.backends import BackendOptions
     from kubetrain.components.wait_trainjob.wait import delete_run_job
 
-    # The KFP backend's driver passes the ML Metadata execution state (kubeflow/pipelines
-    # 2.17.0 backend/src/v2/driver/resolve.go: GetLastKnownState().String(): COMPLETE,
-    # CACHED, FAILED, CANCELED...); KFP's local runner passes SUCCEEDED.
-    if status.state in ("SUCCEEDED", "COMPLETE", "CACHED"):
-        print("the run succeeded: its job ended by itself; nothing to delete")
-        return
-    outcome = delete_run_job(run_name, backend=backend, options=BackendOptions(namespace=namespace))
-    print(f"the run ended {status.state}: {outcome}")
+    outcome = delete_run_job(
+        run_name, backend=backend, options=BackendOptions(namespace=namespace), keep_complete=True
+    )
+    # Printed, not decided on: the KFP backend's driver passes the ML Metadata execution state
+    # (kubeflow/pipelines 2.17.0 backend/src/v2/driver/resolve.go ~471: COMPLETE, RUNNING,
+    # FAILED...), KFP's local runner SUCCEEDED, FAILED or CANCELLED.
+    print(f"KFP reports the run's body {status.state}: {outcome}")

@@ -68,10 +68,13 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
 
 
 def delete_trainjob_template(
-    name: str = "delete-trainjob", image: str = COMPONENT_IMAGE
+    name: str = "delete-trainjob", image: str = COMPONENT_IMAGE, keep_complete: bool = True
 ) -> Container:
-    """`kubetrain delete --run-name RUN --ignore-not-found`: the exit handler's clean-up when
-    a run fails or is stopped, whether or not launch got as far as creating the job."""
+    """`kubetrain delete --run-name RUN --ignore-not-found --keep-complete`: the exit handler's
+    clean-up, whether or not launch got as far as creating the job. It decides from the job,
+    as the KFP face does: a Complete job stays with its status and logs, any other goes.
+    ``keep_complete=False`` deletes a Complete job too (a workflow whose claim Argo deletes
+    after the exit handler, while the job's finished pods still mount it)."""
     return step_template(
         name,
         ["delete"],
@@ -83,6 +86,7 @@ def delete_trainjob_template(
             "--namespace",
             inputs("namespace"),
             "--ignore-not-found",
+            *(["--keep-complete"] if keep_complete else []),
         ],  # fmt: skip
         [
             input_parameter("run_name", "the run_name launch was given"),

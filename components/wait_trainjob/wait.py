@@ -133,17 +133,40 @@ def delete_run_job(
     backend: str = "trainer",
     options: BackendOptions | None = None,
     ignore_not_found: bool = True,
+    keep_complete: bool = False,
 ) -> str:
     """Delete the job the launch step created for pipeline run ``run_name`` (its name derives
-    from the run: ``derive_job_name``) and say what was done: the exit handler's clean-up when
-    a run fails or is stopped, whether or not launch got as far as creating the job
-    (``ignore_not_found``). `kubetrain delete --run-name` and the KFP ``delete_trainjob``
-    component both come here."""
+    from the run: ``derive_job_name``) and say what was done, whether or not launch got as far
+    as creating the job (``ignore_not_found``). `kubetrain delete --run-name`, the Argo
+    exit handler and the KFP ``delete_trainjob`` component all come here."""
     if not run_name:
         raise InvalidInput("run_name", "is empty", "pass the run_name the launch step was given")
-    name = derive_job_name(run_name)
+    return delete_job(derive_job_name(run_name), backend, options, ignore_not_found, keep_complete)
+
+
+def delete_job(
+    name: str,
+    backend: str = "trainer",
+    options: BackendOptions | None = None,
+    ignore_not_found: bool = False,
+    keep_complete: bool = False,
+) -> str:
+    """Delete job ``name`` and say what was done. ``keep_complete`` is the exit handlers'
+    rule, decided from the job and not from the pipeline's word for the run: a job that ended
+    Complete trained to its end and stays, with its status and logs, whatever came after it;
+    a running, pending, suspended or Failed one is deleted. A KFP backend's exit status cannot
+    decide it: a run whose dsl.If was false reports RUNNING (tests/support/
+    kfp_backend_states.py)."""
+    backend_impl = get_backend(backend, options)
+    if keep_complete:
+        try:
+            state = backend_impl.status(name).state
+        except JobNotFound:
+            state = None  # delete still removes what launch left before the job (a ConfigMap)
+        if state == COMPLETE:
+            return f"job {name} completed, kept with its status and logs"
     try:
-        get_backend(backend, options).delete(name)
+        backend_impl.delete(name)
     except JobNotFound as missing:
         if not ignore_not_found:
             raise

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kubetrain.backends import get_backend
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
-from kubetrain.errors import InvalidInput, JobNotFound
+from kubetrain.errors import InvalidInput
 
 if TYPE_CHECKING:
     from kubetrain.backends.base import JobRow
@@ -94,6 +94,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ignore-not-found",
         action="store_true",
         help="exit 0 when there is no such job (already deleted, or never launched)",
+    )
+    delete.add_argument(
+        "--keep-complete",
+        action="store_true",
+        help="keep the job if it ended Complete, with its status and logs (the pipelines' "
+        "exit handlers: a run whose training completed keeps its job, whatever came after)",
     )
     add_backend_arguments(delete)
     delete.set_defaults(handler=run_delete)
@@ -177,26 +183,16 @@ def node_views(lines: Iterable[str], node: int | None, all_ranks: bool) -> Itera
 
 
 def run_delete(args: argparse.Namespace) -> int:
+    from kubetrain.components.wait_trainjob.wait import delete_job, delete_run_job
+
     if bool(args.name) == bool(args.run_name):
         given = "both NAME and --run-name are" if args.name else "neither NAME nor --run-name is"
         raise InvalidInput(
             "name", f"{given} given", "give exactly one, e.g. `kubetrain delete my-job`"
         )
+    how = (args.backend, backend_options(args), args.ignore_not_found, args.keep_complete)
     if args.run_name:  # the exit handlers' road: the KFP delete_trainjob component's too
-        from kubetrain.components.wait_trainjob.wait import delete_run_job
-
-        print(
-            delete_run_job(
-                args.run_name, args.backend, backend_options(args), args.ignore_not_found
-            )
-        )
-        return 0
-    try:
-        get_backend(args.backend, backend_options(args)).delete(args.name)
-    except JobNotFound as missing:
-        if not args.ignore_not_found:
-            raise
-        print(f"{args.name}: {missing}")
-        return 0
-    print(f"deleted {args.name}")
+        print(delete_run_job(args.run_name, *how))
+    else:
+        print(delete_job(args.name, *how))
     return 0

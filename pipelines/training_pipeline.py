@@ -94,13 +94,19 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         # checkpoint of nested state (e.g. app.model) where several may be the model.
         # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
         # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
-        # A failed or stopped run deletes its job: KFP's launcher passes no signal on to the wait
-        # step (kubeflow/pipelines 2.17.0 backend/src/v2/component/launcher_v2.go), so its
-        # on_cancel never runs there. The exit task runs after the body, whatever its outcome: KFP
-        # compiles it to an Argo exit hook of the body's DAG (backend/src/v2/compiler/argocompiler/
-        # dag.go), and stops a run by setting activeDeadlineSeconds to 0 (apiserver/resource/
-        # resource_manager.go TerminateWorkflow), a deadline Argo does not apply to exit hooks
-        # (argo-workflows v4.1.2 workflow/controller/exit_handler.go, exec_control.go).
+        # The exit task deletes a failed or stopped run's job and keeps a Complete one; the job
+        # decides, as KFP's status for the body is RUNNING when the dsl.If below is false
+        # (tests/support/kfp_backend_states.py). A stopped run's wait step gets SIGTERM with
+        # its whole process group (argo-workflows v4.1.2 cmd/argoexec/commands/signal.go
+        # forwardSignals, osspecific Kill: kill(-pgid)), but KFP's launcher, in that group and
+        # with no handler (kubeflow/pipelines 2.17.0 backend/src/v2/component/launcher_v2.go),
+        # dies on it, and the emissary, the container's PID 1, exits within a second of that
+        # (osspecific Wait polls each second), so wait's on_cancel may not finish. The exit task
+        # runs after the body, whatever its outcome: KFP compiles it to an Argo exit hook of the
+        # body's DAG (backend/src/v2/compiler/argocompiler/dag.go), and stops a run by setting
+        # activeDeadlineSeconds to 0 (apiserver/resource/resource_manager.go TerminateWorkflow),
+        # a deadline Argo does not apply to exit hooks (argo-workflows v4.1.2
+        # workflow/controller/exit_handler.go, exec_control.go).
         cleanup = delete_trainjob(run_name=RUN, backend=backend, namespace=namespace)
         cleanup.set_caching_options(False)
         with dsl.ExitHandler(cleanup):

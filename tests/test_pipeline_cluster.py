@@ -83,9 +83,11 @@ def test_the_runs_resource_name_names_its_job_folders_and_version(pipeline):
 
 
 def test_an_exit_handler_deletes_the_trainjob_of_a_failed_or_stopped_run(pipeline):
-    """Issue 17 (5): KFP's launcher passes no signal on to wait (kubeflow/pipelines 2.17.0
-    backend/src/v2/component/launcher_v2.go), so only an exit task can stop the training; the
-    Argo compiler makes it an exit lifecycle hook of the body's DAG (argocompiler/dag.go)."""
+    """Issue 17 (5): a stopped run's wait gets SIGTERM, but KFP's launcher dies on it and the
+    emissary then ends the container (pipelines/training_pipeline.py), so only an exit task
+    surely stops the training; the Argo compiler makes it an exit lifecycle hook of the body's
+    DAG (kubeflow/pipelines 2.17.0 backend/src/v2/compiler/argocompiler/dag.go). It keeps a
+    Complete job (tests/test_kfp_exit_state.py)."""
     spec, executors = pipeline
     root = spec["root"]["dag"]["tasks"]
     assert set(root) == {"exit-handler-1", "delete-trainjob"}

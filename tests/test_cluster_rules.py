@@ -629,42 +629,9 @@ def test_an_oom_kill_with_restarts_allowed_is_left_to_the_runtime(k8s, asked: in
 
 
 # ------------------------------------------------------ 5, 18, 11: the KFP components
-def job_of_run(k8s, run: str) -> str:
-    name = derive_job_name(run)
-    k8s.backend().launch(make_spec(name))
-    return name
-
-
 @pytest.fixture
 def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
-
-
-@pytest.mark.usefixtures("kubeconfig")
-@pytest.mark.parametrize(
-    ("state", "succeeded"),
-    [
-        # KFP's local runner (kfp dsl/task_final_status.py): SUCCEEDED, FAILED, CANCELLED
-        ("FAILED", False), ("CANCELLED", False), ("SUCCEEDED", True),
-        # the KFP backend's driver: the ML Metadata execution state (kubeflow/pipelines 2.17.0
-        # backend/src/v2/driver/resolve.go GetLastKnownState().String())
-        ("COMPLETE", True), ("CACHED", True), ("CANCELED", False),
-    ],
-)  # fmt: skip
-def test_the_kfp_exit_handler_deletes_the_runs_job_unless_it_succeeded(
-    k8s, state: str, succeeded: bool
-) -> None:
-    """KFP's launcher passes no SIGTERM on to a stopped run's wait (kubeflow/pipelines 2.17.0
-    backend/src/v2/component/launcher_v2.go): the exit handler cleans up, and keeps the job
-    of a run that succeeded, whichever spelling of success the runner uses."""
-    name = job_of_run(k8s, "run-7f3a")
-    status = types.SimpleNamespace(state=state)
-    delete_trainjob.python_func(run_name="run-7f3a", status=status, namespace="default")
-    left = k8s.emulator.names("trainjobs")
-    assert left == ({name} if succeeded else set())
-    if not succeeded:
-        (request,) = k8s.emulator.requests("delete", "trainjobs")
-        assert request.params.get("propagationPolicy") == "Background"
 
 
 @pytest.mark.usefixtures("kubeconfig")

@@ -45,8 +45,10 @@ compile: setup
 bench: setup
 	$(BIN)/python -m bench
 
+# build/ too: setuptools stages a wheel in build/lib and never removes a file deleted from the
+# sources there, so a wheel built over an old build/ would still ship it.
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info build dist
 
 # Opt-in: the steps against the real cluster in $KUBECONFIG (see README, "On a real cluster").
 e2e-cluster: setup

@@ -1,17 +1,23 @@
-"""Deployment manifests: our ClusterTrainingRuntimes and RBAC (package data, printed by
-`kubetrain render runtimes|rbac`), and the Dockerfiles.
+"""Deployment manifests: our ClusterTrainingRuntimes (the top-level runtimes/ folder, a
+kustomization, installed as the package kubetrain.runtimes) and RBAC (package data), printed by
+`kubetrain render runtimes|rbac`, and the Dockerfiles.
 
 Runtimes are checked against the vendored v2.3 ClusterTrainingRuntime CRD (skipped without
 ../shared, failed under CI=true), always round-trip through the kubeflow_trainer_api models,
-and their pod template is checked as a batch/v1 Job with kubernetes-validate.
+and their pod template is checked as a batch/v1 Job with kubernetes-validate. The wheel is built
+here (offline, from a copy of the sources) and its runtimes compared with the folder.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -24,6 +30,7 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_cluster_training_runtime impor
 from kubetrain.render.manifests import (
     KFP_SERVICE_ACCOUNTS,
     RUNTIME_NAMES,
+    RUNTIMES_PACKAGE,
     rbac_manifests,
     runtime_manifests,
 )
@@ -33,6 +40,8 @@ GPU_RUNTIMES = ("torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
 K8S_VERSION = "1.30"
 OUR_TRAINER_IMAGE = "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
 MANIFESTS = "kubetrain.render.manifests"
+RUNTIMES = REPO_ROOT / "runtimes"
+ISTIO_OPT_OUT = {"sidecar.istio.io/inject": "false"}
 
 
 def load_runtime(name: str) -> dict:
@@ -110,6 +119,15 @@ def test_runtime_runs_our_trainer_under_torchrun_on_the_shared_volume(name):
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     gpus = container["resources"].get("limits", {}).get("nvidia.com/gpu")
     assert (gpus is not None) == (name in GPU_RUNTIMES)
+
+
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
+def test_runtime_pods_opt_out_of_istio_as_kfp_run_pods_do(name):
+    """In a Kubeflow profile's namespace (Istio injection on) a sidecar breaks torchrun's
+    rendezvous and keeps a finished pod Running (kubeflow/trainer#2794, #2872); KFP opts its run
+    pods out (kubeflow/pipelines 2.17.0 backend/src/apiserver/template/v2_template.go ~170)."""
+    pod_template = node_job(load_runtime(name))["template"]["spec"]["template"]
+    assert pod_template["metadata"]["annotations"] == ISTIO_OPT_OUT
 
 
 def test_fsdp_and_gang_variants():
@@ -236,16 +254,111 @@ def test_rbac_has_no_wildcards_and_no_secrets():
 # --- package data and `kubetrain render runtimes|rbac` ------------------------------------
 
 
+def yaml_names(package: str) -> set[str]:
+    return {
+        f.name for f in importlib.resources.files(package).iterdir() if f.name.endswith(".yaml")
+    }
+
+
 def test_the_manifests_are_package_data():
     """In the package (so in the wheel: pyproject.toml's package-data), not only in the
-    checkout: the errors that told users to `kubectl apply -k runtimes/` pointed at files a
-    pip install does not have."""
-    files = importlib.resources.files(MANIFESTS)
-    shipped = {f.name for f in files.iterdir() if f.name.endswith(".yaml")}
-    assert shipped == {f"{name}.yaml" for name in RUNTIME_NAMES} | {"rbac.yaml"}
+    checkout: the runtimes are the folder runtimes/ installed as kubetrain.runtimes, the RBAC
+    stays in kubetrain.render.manifests, and no runtime has a second copy there."""
+    assert yaml_names(RUNTIMES_PACKAGE) == {f"{n}.yaml" for n in RUNTIME_NAMES} | {
+        "kustomization.yaml"
+    }
+    assert yaml_names(MANIFESTS) == {"rbac.yaml"}
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert f'"{RUNTIMES_PACKAGE}" = "runtimes"' in pyproject  # [tool.setuptools.package-dir]
+    assert f'"{RUNTIMES_PACKAGE}" = ["*.yaml", "README.md"]' in pyproject
     assert f'"{MANIFESTS}" = ["*.yaml"]' in pyproject
-    assert f'"{MANIFESTS}",' in pyproject  # in [tool.setuptools] packages
+    for package in (MANIFESTS, RUNTIMES_PACKAGE):
+        assert f'"{package}",' in pyproject  # in [tool.setuptools] packages
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
+def run_ok(command: list[str], **options) -> str:
+    """``command``'s stdout; its stderr in the failure if it fails."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, **options)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_wheel_ships_the_runtimes_folder_and_renders_them(tmp_path):
+    """The wheel's kubetrain/runtimes/ is runtimes/ byte for byte (the build backend's file
+    mapping, no second copy in git), and `kubetrain render runtimes` from that wheel, installed
+    on its own and run outside the checkout, prints them. Built offline (no build isolation)
+    from a copy of the sources, so a stale build/ in the checkout cannot add removed files."""
+    pytest.importorskip("setuptools", minversion="68", reason="pyproject.toml's build backend")
+    source = tmp_path / "source"
+    for folder in ("kubetrain", "components", "pipelines", "runtimes"):
+        shutil.copytree(
+            REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    offline = ["--no-deps", "--no-index"]
+    wheels = tmp_path / "wheels"
+    build = [*pip, "wheel", *offline, "--no-build-isolation", "-w", str(wheels), str(source)]
+    run_ok(build)
+    (wheel,) = wheels.glob("kubetrain-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {
+            name.removeprefix("kubetrain/runtimes/"): archive.read(name)
+            for name in archive.namelist()
+            if name.startswith("kubetrain/runtimes/")
+        }
+        manifests = {
+            name.rpartition("/")[2]
+            for name in archive.namelist()
+            if name.startswith("kubetrain/render/manifests/")
+        }
+    assert shipped == folder_files(RUNTIMES)
+    assert manifests == {"__init__.py", "rbac.yaml"}
+
+    installed, outside = tmp_path / "installed", tmp_path / "outside"
+    outside.mkdir()
+    install = [*pip, "install", *offline, "--target", str(installed), str(wheel)]
+    run_ok(install)
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    script = "import kubetrain.runtimes as r; print(r.__file__)"
+    where = run_ok([sys.executable, "-c", script], env=env, cwd=outside)
+    assert Path(where.strip()).parent == installed / "kubetrain" / "runtimes"
+    rendered = run_ok(
+        [sys.executable, "-m", "kubetrain", "render", "runtimes"], env=env, cwd=outside
+    )
+    assert [d for d in yaml.safe_load_all(rendered) if d] == runtime_manifests()
+
+
+def by_name(documents: list[dict]) -> dict[str, dict]:
+    return {document["metadata"]["name"]: document for document in documents}
+
+
+def test_the_kustomization_lists_every_runtime_in_the_order_render_prints_them():
+    kustomization = yaml.safe_load((RUNTIMES / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["resources"] == [f"{name}.yaml" for name in RUNTIME_NAMES]
+    assert {p.name for p in RUNTIMES.glob("*.yaml")} == {
+        "kustomization.yaml",
+        *kustomization["resources"],
+    }
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_builds_the_runtimes_render_prints():
+    """What `kubectl apply -k runtimes/` applies from a checkout is what a pip install's
+    `kubetrain render runtimes` prints (kustomize sorts them by name)."""
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(RUNTIMES)], capture_output=True, text=True, timeout=60
+    )
+    assert built.returncode == 0, built.stderr
+    documents = [d for d in yaml.safe_load_all(built.stdout) if d]
+    assert len(documents) == len(RUNTIME_NAMES)
+    assert by_name(documents) == by_name(runtime_manifests())
 
 
 def test_render_runtimes_prints_every_runtime_valid_against_the_crd():
@@ -294,18 +407,13 @@ def test_render_rbac_refuses_bad_names_in_one_line(args, line):
     assert result.stderr == f"kubetrain render: error: {line}\n"
 
 
-def test_the_runtimes_folder_points_at_the_commands():
-    """kustomize refuses files outside its folder (its default load restrictor,
-    kubernetes-sigs/kustomize api/internal/loader/loadrestrictions.go RestrictionRootOnly, on
-    the path with symlinks resolved), so `kubectl apply -k runtimes/` could only work on a
-    second copy of the YAML:
-    the folder keeps a README that points at `kubetrain render`, and no YAML to drift."""
-    folder = REPO_ROOT / "runtimes"
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
-    readme = (folder / "README.md").read_text()
+def test_the_runtimes_readme_gives_both_ways_to_install_them():
+    """From a checkout (`kubectl apply -k runtimes/`) and from a pip install (`kubetrain
+    render runtimes`); the RBAC, which depends on the namespace, from `kubetrain render rbac`."""
+    readme = (RUNTIMES / "README.md").read_text()
+    assert "kubectl apply -k runtimes/" in readme
     assert "kubetrain render runtimes | kubectl apply -f -" in readme
     assert "kubetrain render rbac --namespace" in readme
-    assert "kubectl apply -k" not in readme
     # kfp-kubernetes 2.17 has no set_service_account (kfp/kubernetes/__init__.py).
     assert "set_service_account" not in readme
 

@@ -213,9 +213,9 @@ def torch_runtime(
 
 
 def shipped_runtime(name: str = DEFAULT_RUNTIME) -> dict[str, Any] | None:
-    """Our runtime ``name`` as ``kubetrain render runtimes`` installs it (the package's
-    ``kubetrain/render/manifests``), or None if the package ships no such runtime."""
-    manifest = resources.files("kubetrain.render") / "manifests" / f"{name}.yaml"
+    """Our runtime ``name`` as ``kubetrain render runtimes`` installs it (the package
+    ``kubetrain.runtimes``, the checkout's ``runtimes/``), or None if it ships no such runtime."""
+    manifest = resources.files("kubetrain.runtimes") / f"{name}.yaml"
     if not manifest.is_file():
         return None
     return yaml.safe_load(manifest.read_text())

@@ -2,6 +2,10 @@
 Kubeflow Trainer ``ClusterTrainingRuntime``s and the least-privilege RBAC the steps run with.
 ``kubetrain render runtimes|rbac`` prints them for ``kubectl apply -f -``.
 
+The runtimes are the checkout's top-level ``runtimes/`` folder (what ``kubectl apply -k
+runtimes/`` applies), installed as the package ``kubetrain.runtimes`` (pyproject.toml's
+package-dir), so git holds one copy of them.
+
 The RBAC's two roles are YAML (``rbac.yaml``); the ServiceAccount and the bindings are built
 here, for the namespace the steps run in and the accounts that run them: ours (``kubetrain``,
 what the Argo workflow uses; not KFP runs: KFP's launcher reads its artifact Secret with the
@@ -27,7 +31,10 @@ import yaml
 
 from kubetrain import rules
 
-#: Our ClusterTrainingRuntimes, in the order they are printed (each is ``<name>.yaml`` here).
+#: The package our ClusterTrainingRuntimes are in (the checkout's ``runtimes/``).
+RUNTIMES_PACKAGE = "kubetrain.runtimes"
+#: Our ClusterTrainingRuntimes, in the order they are printed (each is ``<name>.yaml`` in
+#: RUNTIMES_PACKAGE, listed in this order in its ``kustomization.yaml``).
 RUNTIME_NAMES = ("torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
 #: The ServiceAccount we create and the steps run as (Argo's ``service_account`` default).
 STEPS_SERVICE_ACCOUNT = "kubetrain"
@@ -48,14 +55,16 @@ def apply_rbac_command(namespace: str, service_accounts: Sequence[str] = ()) -> 
     return f"kubetrain render rbac --namespace {namespace}{accounts} | kubectl apply -f -"
 
 
-def _load(filename: str) -> list[dict[str, Any]]:
-    text = resources.files(__name__).joinpath(filename).read_text(encoding="utf-8")
+def _load(filename: str, package: str = __name__) -> list[dict[str, Any]]:
+    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     return [document for document in yaml.safe_load_all(text) if document]
 
 
 def runtime_manifests() -> list[dict[str, Any]]:
     """Our ClusterTrainingRuntimes (cluster-scoped: the same for every namespace)."""
-    return [runtime for name in RUNTIME_NAMES for runtime in _load(f"{name}.yaml")]
+    return [
+        runtime for name in RUNTIME_NAMES for runtime in _load(f"{name}.yaml", RUNTIMES_PACKAGE)
+    ]
 
 
 def role_manifests() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -19,7 +19,18 @@ from kubetrain.errors import InvalidInput
 from kubetrain.images import TRAINER_IMAGE
 
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
-RESERVED_ENV_PREFIX = "PET_"
+#: The torchrun variables the Trainer's torch plugin sets on every node and refuses in a
+#: TrainJob's env (kubeflow/trainer v2.3.0 ``pkg/constants/constants.go`` ~300
+#: ``TorchRunReservedEnvNames``, checked by ``pkg/runtime/framework/plugins/torch/torch.go``
+#: ``Validate``); every backend sets these five. Other ``PET_*`` variables are torchrun
+#: options a user may set (``PET_MAX_RESTARTS``, ``PET_RDZV_BACKEND``...).
+RESERVED_ENV_NAMES = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MAX_SCRIPT_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
@@ -266,11 +277,11 @@ class TrainJobSpec:
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)
         for key in self.env:
             rules.env_var_name(key, "env")
-            if key.startswith(RESERVED_ENV_PREFIX):
+            if key in RESERVED_ENV_NAMES:
                 raise InvalidInput(
                     "env",
                     f"{key} is set by the Trainer itself",
-                    "use --nodes/--procs-per-node instead of PET_* variables",
+                    f"use --nodes/--procs-per-node instead of {', '.join(RESERVED_ENV_NAMES)}",
                 )
         _refuse_nul(self.env.values(), "env")
         self.resources_per_node.validate("resources_per_node")

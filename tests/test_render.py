@@ -42,9 +42,13 @@ from kubetrain.render.metadata import (
     SPEC_ANNOTATION,
     SPEC_SHA256_ANNOTATION,
 )
+from tests.support import objects, trainer_build
 
 K8S_VERSION = "1.30"
 OWNER = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-1", "uid": "u-1"}
+#: What every node pod carries, as KFP's run pods do (kubeflow/pipelines 2.17.0
+#: backend/src/apiserver/template/v2_template.go ~170).
+ISTIO_OPT_OUT = {"sidecar.istio.io/inject": "false"}
 # PodTemplateSpecOverride and ContainerOverride of Trainer v2.1 (pkg/apis/trainer/v1alpha1).
 V21_POD_SPEC_FIELDS = {
     "serviceAccountName",
@@ -157,9 +161,13 @@ def test_default_trainjob_is_minimal():
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (1, 1)
     for absent in ("suspend", "activeDeadlineSeconds", "initializer", "podTemplateOverrides"):
         assert absent not in trainjob["spec"]
-    # The node pods always carry our labels, so the backend finds them (and rank 0).
+    # The node pods always carry our labels, so the backend finds them (and rank 0), and no
+    # Istio sidecar.
     assert node_pod_patch(trainjob) == {
-        "metadata": {"labels": {MANAGED_BY_LABEL: "kubetrain", JOB_NAME_LABEL: "demo"}}
+        "metadata": {
+            "labels": {MANAGED_BY_LABEL: "kubetrain", JOB_NAME_LABEL: "demo"},
+            "annotations": ISTIO_OPT_OUT,
+        }
     }
     assert "None" not in json.dumps(trainjob) and "null" not in json.dumps(trainjob["spec"])
     assert_round_trips(trainjob)
@@ -242,6 +250,22 @@ def test_spec_annotations_identify_the_spec():
     assert render_trainjob(spec) == render_trainjob(spec)
 
 
+def test_the_node_pods_of_any_runtime_opt_out_of_istio():
+    """Through runtimePatches, so a runtime that is not ours (here one shaped like the
+    Trainer's torch-distributed, which has no such annotation) gets it too: the Trainer merges
+    the patch into the runtime's JobSet spec (kubeflow/trainer v2.3.0
+    pkg/runtime/core/trainingruntime.go mergeRuntimePatches, a strategic merge)."""
+    trainjob = render_trainjob(default_spec())
+    runtime = objects.torch_runtime()
+    jobset = runtime["spec"]["template"]["spec"]
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    merged = trainer_build.strategic_merge(jobset, patch["trainingRuntimeSpec"]["template"]["spec"])
+    (node,) = merged["replicatedJobs"]
+    pod_metadata = node["template"]["spec"]["template"]["metadata"]
+    assert pod_metadata["annotations"] == ISTIO_OPT_OUT
+    assert pod_metadata["labels"][JOB_NAME_LABEL] == "demo"
+
+
 @pytest.mark.parametrize("version", ["2.2", "2.3"])
 def test_runtime_patches_form_for_2_2_and_later(version):
     trainjob = render_trainjob(full_spec(), trainer_version=version)
@@ -274,7 +298,10 @@ def test_v2_1_form_uses_pod_template_overrides():
     (override,) = body.pop("podTemplateOverrides")
     assert override["targetJobs"] == [{"name": "node"}]
     assert set(override) == {"targetJobs", "metadata", "spec"}
-    assert set(override["metadata"]) == {"labels"}
+    # v2.1.0 merges both into the pod template (pkg/runtime/core/trainingruntime.go
+    # mergePodTemplateOverrides).
+    assert set(override["metadata"]) == {"labels", "annotations"}
+    assert override["metadata"]["annotations"] == ISTIO_OPT_OUT
     assert set(override["spec"]) <= V21_POD_SPEC_FIELDS
     assert all(set(c) <= V21_CONTAINER_FIELDS for c in override["spec"]["containers"])
     assert (
@@ -396,6 +423,7 @@ def test_indexed_job_and_headless_service_give_the_trainer_environment():
     labels = pod["metadata"]["labels"]
     assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
     assert labels["sidecar.istio.io/inject"] == "false"
+    assert pod["metadata"]["annotations"] == ISTIO_OPT_OUT
     assert pod["spec"]["subdomain"] == service["metadata"]["name"]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["serviceAccountName"] == "kubetrain"
@@ -419,6 +447,11 @@ def test_indexed_job_and_headless_service_give_the_trainer_environment():
     # Pod <job>-0 under the Service <job>.
     assert env["PET_MASTER_ADDR"]["value"] == "full-job-0.full-job"
     assert env["PET_MASTER_PORT"]["value"] == "29500"
+
+
+def test_indexed_job_pods_opt_out_of_istio_without_being_asked():
+    _, job = render_indexed_job(default_spec())
+    assert job["spec"]["template"]["metadata"]["annotations"] == ISTIO_OPT_OUT
 
 
 def test_indexed_job_mounts_a_shipped_script(script):
@@ -575,3 +608,34 @@ def _walk(node):
     children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
     for child in children:
         yield from _walk(child)
+
+
+# --- PET_* env ----------------------------------------------------------------------------
+
+
+def test_torchrun_options_in_pet_variables_reach_every_backend():
+    """Only the five variables the Trainer's torch plugin sets are refused (kubeflow/trainer
+    v2.3.0 pkg/constants/constants.go ~300 TorchRunReservedEnvNames, torch.go Validate): other
+    PET_* are torchrun options (PET_MAX_RESTARTS is --max-restarts) a user may set."""
+    env = {"PET_MAX_RESTARTS": "2", "PET_RDZV_TIMEOUT": "600"}
+    spec = TrainJobSpec(name="demo", command=("torchrun", "train.py"), env=env)
+    trainer_env = render_trainjob(spec)["spec"]["trainer"]["env"]
+    assert trainer_env == [{"name": k, "value": v} for k, v in env.items()]
+    _, job = render_indexed_job(spec)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert {k: env_of(container)[k]["value"] for k in env} == env
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "name",
+    ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"],
+)
+def test_the_variables_the_trainer_sets_are_refused(name):
+    spec = TrainJobSpec(name="demo", command=("torchrun", "train.py"), env={name: "1"})
+    with pytest.raises(InvalidInput) as refused:
+        render_trainjob(spec)
+    assert str(refused.value) == (
+        f"env: {name} is set by the Trainer itself; use --nodes/--procs-per-node instead of "
+        "PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT"
+    )

@@ -10,6 +10,8 @@ How it mirrors the Trainer:
 * ``PET_NODE_RANK`` is the completion index (downward API on the
   ``batch.kubernetes.io/job-completion-index`` annotation), ``PET_MASTER_ADDR`` is
   ``<job>-0.<job>``, ``PET_MASTER_PORT`` 29500, ``PET_NNODES``/``PET_NPROC_PER_NODE`` fixed;
+* no Istio sidecar (``pod.pod_annotations``), as the Trainer's pods get from our runtimes and
+  the TrainJob's patch;
 * ``backoffLimit: 0``: one failed node fails the Job and its other pods are stopped, as a
   torchrun group cannot continue without a rank; ``podReplacementPolicy: Failed`` keeps two
   pods of one index (one still terminating) from ever holding the same hostname.
@@ -102,7 +104,7 @@ def _job(spec: TrainJobSpec, namespace: str, owner: dict[str, Any] | None) -> di
         "backoffLimit": 0,
         "podReplacementPolicy": "Failed",
         "template": {
-            "metadata": {"labels": pod_labels(spec)},
+            "metadata": {"labels": pod_labels(spec), "annotations": pod.pod_annotations()},
             "spec": _pod_spec(spec),
         },
     }

@@ -21,6 +21,21 @@ DEFAULT_DATA_DIR = f"{SHARED_MOUNT_PATH}/data"
 #: The user our images run as (images/*.Dockerfile: USER 10001:10001); pods say so too, so
 #: the kubelet refuses to start one as root whatever image it is given.
 NON_ROOT_UID = 10001
+#: The pod annotation that keeps Istio from injecting its sidecar.
+ISTIO_SIDECAR_INJECT = "sidecar.istio.io/inject"
+
+
+def pod_annotations() -> dict[str, str]:
+    """What every node pod carries, whichever backend makes it: no Istio sidecar. A Kubeflow
+    profile's namespace has Istio injection on, and KFP opts every run pod out for that reason
+    (kubeflow/pipelines 2.17.0 ``backend/src/apiserver/template/v2_template.go`` ~170,
+    ``SetAnnotationsToAllTemplatesIfKeyNotExist(AnnotationKeyIstioSidecarInject, "false")``);
+    in a node pod the sidecar breaks torchrun's rendezvous between pods and keeps a pod whose
+    trainer has finished Running (kubeflow/trainer#2794, #2872). A cluster that wants the
+    sidecar can still ask for it with the pod label ``sidecar.istio.io/inject=true``: Istio
+    prefers the label to the annotation (istio/istio ``pkg/kube/inject/inject.go``
+    ``injectRequired``)."""
+    return {ISTIO_SIDECAR_INJECT: "false"}
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -66,7 +81,7 @@ def resource_requirements(resources: Resources) -> dict[str, dict[str, str]]:
 
 
 #: NCCL and DataLoader workers use shared memory, and a container's /dev/shm is 64Mi: GPU
-#: pods get a memory-backed one, as our GPU runtimes give theirs (manifests/torch-ddp-gpu.yaml).
+#: pods get a memory-backed one, as our GPU runtimes give theirs (runtimes/torch-ddp-gpu.yaml).
 SHARED_MEMORY_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
 SHARED_MEMORY_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
 

@@ -43,15 +43,21 @@ the operator would override it silently.
   read (``DeletePodsAndServices``);
 * ``max_restarts`` 0: ``restartPolicy: Never`` and no ``backoffLimit``: the first failed pod
   fails the job ("PyTorchJob <job> is failed because 1 Worker replica(s) failed.",
-  ``pytorchjob_controller.go`` ``UpdateJobStatus``). A ``backoffLimit: 0`` would instead delete
-  every pod, the failed one and its log included, before the job is marked Failed
-  (``ReconcileJobs``: past the backoff limit, ``DeletePodsAndServices`` ignores cleanPodPolicy
-  while the job is not finished);
+  ``pytorchjob_controller.go`` ``UpdateJobStatus``), and cleanPodPolicy keeps its log on every
+  release. A ``backoffLimit: 0`` would instead, on v1.7.0 to v1.9.3, delete every pod, the
+  failed one and its log included: past the backoff limit (or the active deadline)
+  ``ReconcileJobs`` called ``DeletePodsAndServices`` before setting the Failed condition, and
+  ``DeletePodsAndServices`` honours cleanPodPolicy only for a finished job. v1.9.4 sets the
+  condition first ("fix: respect cleanPodPolicy when job exceeds backoffLimit",
+  kubeflow/trainer#3420, commit 8e41c03 on release-1.9), so there cleanPodPolicy applies to a
+  job failed by its backoff limit or deadline too;
 * ``max_restarts`` k > 0: ``restartPolicy: OnFailure`` (the kubelet restarts a failed node's
   container in place) and ``backoffLimit`` = k x nodes + 1: the operator sums the restart counts
   of every running pod's containers and fails the job once the sum reaches the limit
   (``PastBackoffLimit``), and one rank's failure restarts every node (their torchruns lose the
-  group and exit too), so k whole-job restarts add k x nodes;
+  group and exit too), so k whole-job restarts add k x nodes. Its pods are then deleted on every
+  release, v1.9.4 included: a container restarted in place leaves its pod Running, which
+  cleanPodPolicy Running deletes;
 * ``activeDeadlineSeconds`` and ``suspend`` as the spec says (suspending deletes the pods,
   resuming creates them again).
 
@@ -65,7 +71,6 @@ import json
 from typing import Any
 
 from kubeflow.training.api_client import ApiClient
-from kubeflow.training.constants.constants import ISTIO_SIDECAR_INJECTION
 from kubeflow.training.models import (
     KubeflowOrgV1PyTorchJob,
     KubeflowOrgV1PyTorchJobSpec,
@@ -196,10 +201,10 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
         "containers": [container],
     }
     pod_spec.update(pod.placement_and_volumes(spec))
-    # The kubeflow-training SDK's own rule for every PyTorchJob pod (1.9
-    # kubeflow/training/utils/utils.py get_pod_template_spec): in a Kubeflow profile namespace
-    # an injected Istio sidecar keeps the master pod Running after `pytorch` exits, so the job
-    # would never succeed.
-    metadata = {"labels": pod_labels(spec), "annotations": {ISTIO_SIDECAR_INJECTION: "false"}}
+    # No Istio sidecar, as on every backend (pod.pod_annotations), and the kubeflow-training
+    # SDK's own rule for every PyTorchJob pod (1.9 kubeflow/training/utils/utils.py
+    # get_pod_template_spec): in a Kubeflow profile namespace an injected sidecar keeps the
+    # master pod Running after `pytorch` exits, so the job would never succeed.
+    metadata = {"labels": pod_labels(spec), "annotations": pod.pod_annotations()}
     body = {"metadata": metadata, "spec": pod_spec}
     return _model(body, "V1PodTemplateSpec")

@@ -2,9 +2,14 @@
 
 Built with the ``kubeflow_trainer_api`` models, so a field the v2.3 API does not have fails
 here and not on the cluster. Pod-level settings (volumes and their mounts in the ``node``
-container, node selector, tolerations, service account, pod labels) go through
-``spec.runtimePatches`` on Trainer v2.2+ and ``spec.podTemplateOverrides`` on v2.1; the
-v2.3 models lack the latter, so the v2.1 entry is a plain dict holding the same patch.
+container, node selector, tolerations, service account, pod labels, the Istio opt-out
+annotation) go through ``spec.runtimePatches`` on Trainer v2.2+ and
+``spec.podTemplateOverrides`` on v2.1; the v2.3 models lack the latter, so the v2.1 entry is a
+plain dict holding the same patch. The Trainer merges either into the runtime's pod template,
+metadata included (trainer v2.3.0 ``pkg/runtime/core/trainingruntime.go``
+``mergeRuntimePatches``, a strategic merge of the JobSet spec; v2.1.0
+``mergePodTemplateOverrides``, labels and annotations), so the node pods of any runtime,
+a user's own too, carry our annotation.
 """
 
 from __future__ import annotations
@@ -222,7 +227,7 @@ def _pod_template_patch(spec: TrainJobSpec) -> TrainerV1alpha1PodTemplatePatch:
     """The pod settings the TrainJob's own fields cannot carry, for the ``node`` pods.
 
     Never empty: the pods always get our labels, so the backend finds them (and rank 0) by
-    ``kubetrain.io/job-name`` on either backend.
+    ``kubetrain.io/job-name`` on either backend, and no Istio sidecar (``pod.pod_annotations``).
     """
     mounts = pod.volume_mounts(spec)
     pod_spec = TrainerV1alpha1PodSpecPatch(
@@ -240,7 +245,9 @@ def _pod_template_patch(spec: TrainJobSpec) -> TrainerV1alpha1PodTemplatePatch:
         else None,
     )
     return TrainerV1alpha1PodTemplatePatch(
-        metadata=IoK8sApimachineryPkgApisMetaV1ObjectMeta(labels=pod_labels(spec)),
+        metadata=IoK8sApimachineryPkgApisMetaV1ObjectMeta(
+            labels=pod_labels(spec), annotations=pod.pod_annotations()
+        ),
         spec=pod_spec if pod_spec.to_dict() else None,
     )
 

@@ -58,13 +58,13 @@ def is_package(path: Path) -> bool:
 
 
 def module_name(path: Path) -> str:
-    """The dotted name a source file is installed as (components/ and pipelines/ are mapped
-    onto kubetrain.components / kubetrain.pipelines, as pyproject.toml says)."""
+    """The dotted name a source file is installed as (components/, pipelines/ and runtimes/ are
+    mapped onto kubetrain.components / .pipelines / .runtimes, as pyproject.toml says)."""
     relative = path.relative_to(REPO_ROOT).with_suffix("")
     parts = list(relative.parts)
     if parts[-1] == "__init__":
         parts.pop()
-    if parts[0] in ("components", "pipelines"):
+    if parts[0] in ("components", "pipelines", "runtimes"):
         parts.insert(0, "kubetrain")
     return ".".join(parts)
 
@@ -253,7 +253,7 @@ def test_the_package_keeps_few_top_level_modules_and_ships_no_test_harness() -> 
     )
     folders = {
         module_name(init)
-        for root in ("kubetrain", "components", "pipelines")
+        for root in ("kubetrain", "components", "pipelines", "runtimes")
         for init in (REPO_ROOT / root).rglob("__init__.py")
         if "tests" not in init.relative_to(REPO_ROOT).parts
     }

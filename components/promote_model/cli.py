@@ -17,15 +17,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Verify MODEL/model.safetensors against its sha256, copy it and model.json to "
             "REGISTRY/VERSION (verified, published atomically, never replaced) and point "
-            "REGISTRY/PROMOTED at it. Promoting the same model to the same version again is a "
-            "no-op; another model under an existing version is refused."
+            "REGISTRY/PROMOTED at it. MODEL and REGISTRY are local folders or fsspec URLs "
+            "(s3://bucket/models: the model file first, model.json last). Promoting the same "
+            "model to the same version again is a no-op; another model under an existing "
+            "version is refused."
         ),
     )
-    parser.add_argument("--model", required=True, help="folder written by `kubetrain collect`")
+    parser.add_argument(
+        "--model", required=True, help="folder or URL written by `kubetrain collect`"
+    )
     parser.add_argument(
         "--registry",
         required=True,
-        help="model registry folder (a local path or file:// URL); created if missing",
+        help="model registry: a local folder (created if missing), file:// or an fsspec URL "
+        "such as s3://bucket/models",
     )
     parser.add_argument(
         "--version",
@@ -39,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="test accuracy from `kubetrain evaluate` (a fraction), recorded in PROMOTED",
     )
+    parser.add_argument(
+        "--run-claim-mount",
+        default="",
+        metavar="PATH",
+        help="mount path of a claim deleted with the run (an Argo per-run claim): a registry "
+        "under it is refused; default none",
+    )
     add_output_parameters_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -46,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kubetrain.components.promote_model.promote import promote_model
 
-    promoted = promote_model(args.model, args.registry, args.version, accuracy=args.accuracy)
+    promoted = promote_model(
+        args.model,
+        args.registry,
+        args.version,
+        accuracy=args.accuracy,
+        run_claim_mount=args.run_claim_mount,
+    )
     print(f"promoted {promoted.version} (sha256 {promoted.sha256}) to {promoted.path}")
     write_output_parameters(
         args.output_parameters, {"promoted_to": promoted.path, "sha256": promoted.sha256}

@@ -24,7 +24,9 @@ def promote_model_template(
     image: str = COMPONENT_IMAGE,
 ) -> Container:
     """`kubetrain promote`: publishes the verified ``model`` artifact as ``version`` in the
-    ``registry`` folder and points ``PROMOTED`` at it; run it only when evaluate passed."""
+    ``registry`` (a folder on ``volume``'s claim or an fsspec URL) and points ``PROMOTED`` at
+    it; run it only when evaluate passed. A registry under ``run_claim_mount`` (a claim the run
+    deletes) is refused."""
     return step_template(
         name,
         ["promote"],
@@ -37,11 +39,18 @@ def promote_model_template(
             inputs("version"),
             "--accuracy",
             inputs("accuracy"),
+            "--run-claim-mount",
+            inputs("run_claim_mount"),
         ],  # fmt: skip
         [
-            input_parameter("registry", "model registry folder"),
+            input_parameter("registry", "model registry: a folder on a lasting claim, or a URL"),
             input_parameter("version", "version name of the promoted model"),
             input_parameter("accuracy", "the accuracy evaluate measured, for the record"),
+            input_parameter(
+                "run_claim_mount",
+                "mount path of a claim deleted with the run, where no registry may be; empty: none",
+                "",
+            ),
         ],
         [
             output_parameter("promoted_to", "the registry folder of this version"),

@@ -6,12 +6,16 @@ run whatever the outcome (see ``add_tasks``).
 The dataset and checkpoints live on one claim that the steps and the TrainJob's nodes mount:
 either a new ReadWriteMany claim per run (``ClaimTemplate``, the Workflow's default) or an
 existing one named by the ``shared_pvc`` parameter (``ExistingClaim``, the WorkflowTemplate's).
+The model registry must outlive the run: with a claim per run, which Argo deletes when the run
+succeeds, promote publishes on the existing claim ``registry_pvc`` (or to a URL), never on the
+run's own claim.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from hera.workflows import DAG, Parameter, Workflow, WorkflowTemplate
 from hera.workflows.models import (
@@ -33,6 +37,7 @@ from kubetrain.components.collect_checkpoint.template import collect_checkpoint_
 from kubetrain.components.dataset_prep.template import dataset_prep_template
 from kubetrain.components.evaluate_model.template import evaluate_model_template
 from kubetrain.components.launch_trainjob.template import launch_trainjob_template
+from kubetrain.components.promote_model.promote import REGISTRY_PVC_MOUNT, check_outlives_run
 from kubetrain.components.promote_model.template import promote_model_template
 from kubetrain.components.wait_trainjob.template import (
     delete_trainjob_template,
@@ -48,6 +53,9 @@ EXIT_HANDLER = "cleanup"
 #: Finished runs are deleted after a day when they succeeded, a week when they failed.
 TTL_AFTER_SUCCESS = 24 * 3600
 TTL_AFTER_FAILURE = 7 * 24 * 3600
+#: The existing claim the promote step of a run with its own claim publishes the registry on.
+REGISTRY_VOLUME = SharedVolume(name="registry", mount_path=REGISTRY_PVC_MOUNT)
+DEFAULT_REGISTRY_PVC = "kubetrain-shared"
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,11 @@ PARAMETERS: dict[str, tuple[str, str]] = {
         "or a gang); auto = 300, no limit for a gang runtime; 0 or empty = no limit",
     ),
     "on_cancel": ("delete", "what stopping the run does to the TrainJob: delete or suspend"),
-    "model_registry": ("/mnt/shared/registry", "folder promoted models are published in"),
+    "model_registry": (
+        "/mnt/shared/registry",
+        "registry promoted models are published in: a folder on shared_pvc, or a URL such as "
+        "s3://bucket/models (read with the steps' service account's identity)",
+    ),
     "export": ("none", "also publish the model for serving: none, torch-export or torchscript"),
     "state_key": (
         "",
@@ -154,9 +166,30 @@ def build_training_workflow(
         }
     else:
         claim = "{{workflow.name}}-" + volume.name
+        # The registry outlives the run: on an existing claim, not on the run's own.
+        parameters["model_registry"] = (
+            f"{REGISTRY_VOLUME.mount_path}/registry",
+            "registry promoted models are published in: a folder on registry_pvc (mounted at "
+            f"{REGISTRY_VOLUME.mount_path}), or a URL such as s3://bucket/models (read with the "
+            "steps' service account's identity); never on the run's own claim, deleted when "
+            "the run succeeds",
+        )
+        parameters["registry_pvc"] = (
+            DEFAULT_REGISTRY_PVC,
+            "existing claim the promote step mounts for model_registry (the KFP pipeline's "
+            "registry is on kubetrain-shared too); the step mounts it even for a URL registry",
+        )
         storage_fields = {
             "volume_claim_templates": [claim_template(volume.name, storage)],
             "volume_claim_gc": VolumeClaimGC(strategy="OnWorkflowSuccess"),
+            "volumes": [
+                Volume(
+                    name=REGISTRY_VOLUME.name,
+                    persistent_volume_claim=PersistentVolumeClaimVolumeSource(
+                        claim_name=workflow_parameter("registry_pvc")
+                    ),
+                )
+            ],
         }
     identity = (
         {"generate_name": WORKFLOW_NAME + "-"} if kind == "Workflow" else {"name": WORKFLOW_NAME}
@@ -209,7 +242,10 @@ def add_tasks(
     pods, which Argo's pod GC does not own, still mount it: the claim stays Terminating behind
     them (ARGO_REMOVE_PVC_PROTECTION_FINALIZER=false) or is pulled from under them (the
     default, which strips the kubernetes.io/pvc-protection finalizer). With an existing
-    claim a succeeded run's TrainJob is kept, for its status and logs."""
+    claim a succeeded run's TrainJob is kept, for its status and logs.
+
+    For the same reason, with a claim per run, promote mounts the existing claim
+    ``registry_pvc`` instead of the run's, and refuses a registry on the run's claim."""
     run = "{{workflow.name}}"
     namespace = "{{workflow.namespace}}"
     shared = volume.mount_path
@@ -291,7 +327,9 @@ def add_tasks(
                 Parameter(name="model_factory", value=p("model")),
             ],
         )
-        promote = promote_model_template(volume=volume, image=image)(
+        promote = promote_model_template(
+            volume=REGISTRY_VOLUME if per_run_claim else volume, image=image
+        )(
             name="promote",
             when=f"{evaluate.get_parameter('passed').value} == true",
             arguments=[
@@ -299,12 +337,39 @@ def add_tasks(
                 Parameter(name="registry", value=p("model_registry")),
                 Parameter(name="version", value=run),
                 Parameter(name="accuracy", value=evaluate.get_parameter("accuracy").value),
+                *([Parameter(name="run_claim_mount", value=shared)] if per_run_claim else []),
             ],
         )
         prep >> launch >> wait >> collect >> evaluate >> promote
     with DAG(name=EXIT_HANDLER):
-        delete_trainjob_template(image=image)(
+        # a Complete job goes too when Argo deletes the claim its finished pods mount
+        delete_trainjob_template(image=image, keep_complete=not per_run_claim)(
             name="delete-trainjob",
             when=None if per_run_claim else "{{workflow.status}} != Succeeded",
             arguments={"run_name": run, "backend": p("backend"), "namespace": namespace},
         )
+
+
+_WORKFLOW_PARAMETER = re.compile(r"\{\{workflow\.parameters\.([A-Za-z0-9_.-]+)\}\}")
+
+
+def check_registry_outlives_run(document: dict[str, Any], arguments: dict[str, str]) -> None:
+    """Refuse, before the run is created, a registry its promote step would refuse after the
+    training: one on the run's own claim (a task passing ``run_claim_mount``), with the
+    workflow's parameters set from ``arguments``."""
+    spec = document["spec"]
+    declared = (spec.get("arguments") or {}).get("parameters") or []
+    values = {p["name"]: str(p.get("value", "")) for p in declared if "name" in p}
+    values.update(arguments)
+    for template in spec.get("templates") or []:
+        for task in (template.get("dag") or {}).get("tasks") or []:
+            given = (task.get("arguments") or {}).get("parameters") or []
+            passed = {p.get("name"): str(p.get("value", "")) for p in given}
+            if not passed.get("run_claim_mount") or "registry" not in passed:
+                continue
+            named = _WORKFLOW_PARAMETER.fullmatch(passed["registry"])
+            registry = _WORKFLOW_PARAMETER.sub(
+                lambda match: values.get(match.group(1), match.group(0)), passed["registry"]
+            )
+            field = f"--param {named.group(1)}" if named else "--package"
+            check_outlives_run(registry, passed["run_claim_mount"], field)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubetrain.artifacts.model_card import read_model_card
 from kubetrain.backends.local.supervisor import program_path
 from kubetrain.cli.compile import argo_yaml
 from tests.support.argo_local import (
@@ -399,6 +401,11 @@ E2E_RUNS: dict[str, dict[str, str]] = {
     "below-threshold": {"epochs": "1", "accuracy_threshold": "0.999"},
     "prep-fails": {"dataset_source": "sklearn:nope"},
     "wait-times-out": {"wait_timeout_seconds": "1"},
+    "registry-on-run-claim": {
+        "epochs": "1",
+        "accuracy_threshold": "0",
+        "model_registry": "/mnt/shared/registry",
+    },
     **{
         f"own-program-{form}": {
             "your_program": form,
@@ -430,8 +437,35 @@ def describe(run: WorkflowRun) -> str:
 
 
 def registry(run: WorkflowRun) -> Path:
-    """The default ``model_registry`` /mnt/shared/registry, on the run's claim."""
-    return run.workdir / "volumes" / f"{run.name}-shared" / "registry"
+    """The default ``model_registry``, /mnt/registry-pvc/registry: the folder ``registry`` on
+    the one claim of the run that is not its own (the harness names a claim's folder after it)."""
+    (lasting,) = [
+        claim
+        for claim in (run.workdir / "volumes").iterdir()
+        if claim.name not in run_claims(training_workflow(), run)
+    ]
+    return lasting / "registry"
+
+
+def run_claims(document: dict[str, Any], run: WorkflowRun) -> set[str]:
+    """The claims Argo creates for ``run`` (``volumeClaimTemplates``), named as it names
+    them: ``<workflow>-<volume>``."""
+    templates = document["spec"].get("volumeClaimTemplates", [])
+    return {f"{run.name}-{template['metadata']['name']}" for template in templates}
+
+
+def collect_claims_as_argo_does(document: dict[str, Any], run: WorkflowRun) -> None:
+    """What Argo's controller does once a run has ended and its exit handler has run, which
+    the harness does not: delete the run's claims per ``volumeClaimGC`` (argo-workflows v4.1.2
+    workflow/controller/operator.go ``operate`` calls ``deletePVCs`` (~l. 2029) after the
+    onExit node: OnWorkflowSuccess only for a Succeeded run, OnWorkflowCompletion always,
+    and the pvc-protection finalizer stripped, so the data goes even while pods mount it)."""
+    strategy = (document["spec"].get("volumeClaimGC") or {}).get("strategy", "")
+    if strategy == "OnWorkflowCompletion" or (
+        strategy == "OnWorkflowSuccess" and run.phase == "Succeeded"
+    ):
+        for claim in run_claims(document, run):
+            shutil.rmtree(run.workdir / "volumes" / claim)
 
 
 def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Future]) -> None:
@@ -458,6 +492,23 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     assert run.exit_nodes["delete-trainjob"].phase == "Succeeded"
     local_root = run.workdir.parent / "local"
     assert not (local_root / run.nodes["launch"].outputs["job_name"]).exists()
+    # Issue 27 (3): ...and the promoted model outlives it
+    collect_claims_as_argo_does(training_workflow(), run)
+    assert not (run.workdir / "volumes" / f"{run.name}-shared").exists()
+    assert read_model_card(version)["sha256"] == pointer["sha256"]
+    assert json.loads((registry(run) / "PROMOTED").read_text())["version"] == run.name
+
+
+def test_training_workflow_refuses_a_registry_on_the_run_claim(e2e_runs: dict[str, Future]):
+    """Issue 27 (3): promoted there, the model would go with the claim when the run succeeds
+    (`kubetrain submit argo` refuses it before the run; `argo submit -p` does not)."""
+    run = e2e_runs["registry-on-run-claim"].result()
+    assert run.phase == "Failed", describe(run)
+    promote = run.nodes["promote"]
+    assert (promote.phase, promote.exit_code, promote.attempts) == ("Failed", 2, 1), promote.log
+    (line,) = [line for line in promote.log.splitlines() if "error" in line]
+    assert line.startswith("kubetrain promote: error: registry: /mnt/shared/registry is on ")
+    assert not (run.workdir / "volumes" / f"{run.name}-shared" / "registry").exists()
 
 
 @pytest.mark.parametrize("form", END_TO_END_SAVES)

@@ -25,10 +25,12 @@ from kubetrain.components.wait_trainjob.template import (
     delete_trainjob_template,
     wait_trainjob_template,
 )
+from kubetrain.errors import InvalidInput
 from kubetrain.pipelines.training_workflow import (
     ClaimTemplate,
     ExistingClaim,
     build_training_workflow,
+    check_registry_outlives_run,
 )
 from tests.support.argo_expr import evaluate_bool
 
@@ -164,6 +166,79 @@ def test_template_workflow_uses_an_existing_claim_named_by_a_parameter():
     assert {p["name"]: p["value"] for p in launch["arguments"]["parameters"]}["shared_pvc"] == (
         claim
     )
+
+
+def parameter_values(document: dict[str, Any]) -> dict[str, str]:
+    return {p["name"]: p["value"] for p in document["spec"]["arguments"]["parameters"]}
+
+
+@pytest.mark.parametrize("kind", ["Workflow", "WorkflowTemplate"])
+def test_the_default_registry_is_on_a_claim_that_outlives_the_run(kind):
+    """Issue 27 (3): Argo deletes the claims of ``volumeClaimTemplates`` once a run succeeded
+    and its exit handler ran (volumeClaimGC OnWorkflowSuccess: argo-workflows v4.1.2
+    workflow/controller/operator.go ``operate`` calls ``deletePVCs`` (~l. 2029) after the
+    onExit node, stripping the pvc-protection finalizer; v3.6.19 the same, ~l. 1814), so the
+    default ``model_registry`` must be on a claim the workflow names, not one it creates."""
+    document = build_training_workflow(kind).to_dict()
+    spec = document["spec"]
+    parameters = parameter_values(document)
+    promote = dag_tasks(document, spec["entrypoint"])["promote"]
+    mounts = template_named(document, promote["template"])["container"]["volumeMounts"]
+    registry = parameters["model_registry"]
+    (volume,) = [m["name"] for m in mounts if registry.startswith(m["mountPath"] + "/")]
+    created = {claim["metadata"]["name"] for claim in spec.get("volumeClaimTemplates", [])}
+    assert volume not in created, f"{registry} is on the run's own claim {volume}"
+    (claim,) = [
+        v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if v["name"] == volume
+    ]
+    (parameter,) = re.fullmatch(r"\{\{workflow\.parameters\.([a-z_]+)\}\}", claim).groups()
+    # the claim the KFP pipeline's registry is on (shared_pvc), by default
+    assert parameters[parameter] == "kubetrain-shared"
+
+
+def test_a_run_with_its_own_claim_tells_promote_where_that_claim_is():
+    document = build_training_workflow("Workflow").to_dict()
+    spec = document["spec"]
+    assert spec["volumeClaimGC"] == {"strategy": "OnWorkflowSuccess"}
+    promote = dag_tasks(document, spec["entrypoint"])["promote"]
+    passed = {p["name"]: p["value"] for p in promote["arguments"]["parameters"]}
+    (claim,) = spec["volumeClaimTemplates"]
+    prep = template_named(document, dag_tasks(document, spec["entrypoint"])["prep"]["template"])
+    (mount,) = [
+        m["mountPath"]
+        for m in prep["container"]["volumeMounts"]
+        if m["name"] == claim["metadata"]["name"]
+    ]
+    assert passed["run_claim_mount"] == mount
+    # with an existing claim nothing is deleted with the run: the template's default (none)
+    template = build_training_workflow("WorkflowTemplate").to_dict()
+    promote = dag_tasks(template, template["spec"]["entrypoint"])["promote"]
+    assert "run_claim_mount" not in {p["name"] for p in promote["arguments"]["parameters"]}
+
+
+@pytest.mark.parametrize(
+    ("registry", "refused"),
+    [
+        ("/mnt/shared/registry", True),
+        ("/mnt/shared", True),
+        ("file:///mnt/shared/models", True),
+        ("/mnt/registry-pvc/registry", False),
+        ("/mnt/registry-pvc/team", False),
+        ("s3://bucket/models", False),
+        ("/mnt/shared-other/registry", False),
+    ],
+)
+def test_a_registry_on_the_run_claim_is_refused_when_the_run_is_made(registry, refused):
+    document = build_training_workflow("Workflow").to_dict()
+    if not refused:
+        check_registry_outlives_run(document, {"model_registry": registry})
+        return
+    with pytest.raises(InvalidInput, match="run's own claim") as error:
+        check_registry_outlives_run(document, {"model_registry": registry})
+    assert error.value.field == "--param model_registry"
+    # the WorkflowTemplate's claim is an existing one: its registry may be there
+    template = build_training_workflow("WorkflowTemplate").to_dict()
+    check_registry_outlives_run(template, {"model_registry": registry})
 
 
 def test_claim_template_size_and_class_are_set_when_built():

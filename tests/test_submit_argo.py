@@ -207,6 +207,9 @@ def test_tls_to_a_plain_http_server_fails_with_a_hint(server, capsys):
         (["--param", "gpus=2"], {}, "--param", "no parameter 'gpus'; use one of accuracy"),
         (["--param", "nodes"], {}, "--param", "'nodes' is not NAME=VALUE"),
         (["--param", "shared_pvc=data"], {}, "--param", "no parameter 'shared_pvc'"),
+        # issue 27 (3): the run's own claim goes when it succeeds, and the registry with it
+        (["--param", "model_registry=/mnt/shared/registry"], {}, "--param model_registry",
+         "is on the run's own claim (mounted at /mnt/shared), which is deleted when the run"),
         (["--package", "missing.yaml"], {}, "--package", "cannot read missing.yaml"),
         (["--package", str(COMPILED / "training_pipeline.yaml")], {}, "--package",
          "is not an Argo Workflow"),
@@ -238,6 +241,26 @@ def test_bad_input_is_refused_before_any_request(
     assert f"error: {field}: " in line and message in line, line
     assert "tok en" not in line
     assert server.requests == []
+
+
+def test_a_lasting_registry_is_sent_as_given(server, capsys):
+    """A registry on the claim registry_pvc names, or in object storage, outlives the run."""
+    code, out, err = submit(capsys, "--host", server.url,
+                            "--param", "model_registry=s3://bucket/models",
+                            "--param", "registry_pvc=team-registry")  # fmt: skip
+    assert code == 0, err
+    (request,) = server.requests
+    expected = with_values(
+        built("Workflow"), model_registry="s3://bucket/models", registry_pvc="team-registry"
+    )
+    assert request.body["workflow"] == expected
+
+
+def test_a_template_run_may_keep_its_registry_on_its_existing_claim(server, capsys):
+    code, out, err = submit(capsys, "--host", server.url, "--create-template",
+                            "--param", "model_registry=/mnt/shared/registry")  # fmt: skip
+    assert code == 0, err
+    assert server.requests[-1].path.endswith("/submit")
 
 
 def test_a_missing_host_names_the_option_and_the_variable(server, capsys):

@@ -345,7 +345,11 @@ class ArgoClient:
 
 
 def run_argo(args: argparse.Namespace) -> int:
-    from kubetrain.pipelines.training_workflow import WORKFLOW_NAME, build_training_workflow
+    from kubetrain.pipelines.training_workflow import (
+        WORKFLOW_NAME,
+        build_training_workflow,
+        check_registry_outlives_run,
+    )
 
     # Everything is checked before the first request.
     host = argo_server_url(args.host)
@@ -367,6 +371,7 @@ def run_argo(args: argparse.Namespace) -> int:
     else:
         document = build_training_workflow(kind).to_dict()
     arguments = parse_workflow_arguments(args.param, declared_parameters(document))
+    check_registry_outlives_run(document, arguments)  # else refused only after the training
     if not verify:
         import urllib3
 

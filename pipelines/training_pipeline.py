@@ -188,9 +188,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         # TrainJob's nodes mount too (KFP's local runner ignores these mounts).
         for task in (launch, collect, promote):
             kubernetes.mount_pvc(task, pvc_name=shared_pvc, mount_path=SHARED_MOUNT)
-        # The steps that read or write `storage` get its endpoint and keys by reference, as the
-        # TrainJob's nodes do (launch renders them into the job).
-        for task in (prep, collect, evaluate) if storage_secret else ():
+        # The steps that read or write `storage` (promote: a model_registry URL) get its endpoint
+        # and keys by reference, as the TrainJob's nodes do (launch renders them into the job).
+        for task in (prep, collect, evaluate, promote) if storage_secret else ():
             kubernetes.use_secret_as_env(
                 task,
                 secret_name=storage_secret,

@@ -305,7 +305,7 @@ def test_kubetrain_run_needs_a_local_runner_that_runs_exit_handlers(kfp, refused
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("registry", "message"),
-    [("s3://bucket/registry", "only local paths are supported yet"), ("", "is empty")],
+    [("nosuch://bucket/registry", "nosuch"), ("", "is empty")],
 )
 def test_kubetrain_run_refuses_a_registry_promote_cannot_publish_to(tmp_path, registry, message):
     """Refused before any step runs, not when promote runs after the training."""

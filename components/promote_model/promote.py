@@ -27,14 +27,12 @@ from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, read_model_ca
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
 from kubetrain.storage import atomic
-from kubetrain.storage.urls import file_url_path
 from kubetrain.storage.verified_copy import copy_verified
 
 POINTER = "PROMOTED"
 POINTER_FORMAT = "kubetrain.promoted/v1"
 # One path segment that cannot be hidden (staging folders are dot-folders) or escape the registry.
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 #: What a model and a registry may be, for the fix of a refused one.
 MODEL_FORMS = "the folder or URL `kubetrain collect` wrote"
 REGISTRY_FORMS = "a folder path or an fsspec URL such as s3://bucket/models"
@@ -48,23 +46,6 @@ class PromotedModel:
     version: str
     sha256: str
     pointer: str
-
-
-def local_path(text: str, field: str) -> Path:
-    """A plain path or ``file://`` URL as a local path, other URLs refused: for `kubetrain run
-    --registry` (kubetrain/cli/run.py), which still takes local folders only."""
-    if not text or not text.strip():
-        raise InvalidInput(field, "is empty", "give a local folder path")
-    url = _URL.match(text)
-    if url is None:
-        return Path(text).expanduser()
-    if url.group(1).lower() != "file":
-        raise InvalidInput(
-            field,
-            f"{text!r} is a {url.group(1)}:// URL and only local paths are supported yet",
-            "mount the storage and give its local path (or a file:// URL)",
-        )
-    return file_url_path(text, field)
 
 
 def location(text: str, field: str, forms: str) -> storage.Location:

@@ -140,6 +140,9 @@ VALUE_RULES: dict[str, Rule] = {
     "shared_pvc": _text(rules.dns1123_subdomain, "kubetrain-shared", optional=True),
     "checkpoint_dir": _text(_location, "/mnt/shared/checkpoints", optional=True),
     "storage": _text(_location, "s3://bucket/runs", optional=True),
+    # Argo's promote step: the lasting claim it mounts, and the registry (a folder or a URL).
+    "registry_pvc": _text(rules.dns1123_subdomain, "kubetrain-shared"),
+    "model_registry": _text(_location, "/mnt/registry-pvc/registry", optional=True),
     # Other steps' parameters.
     "seed": _whole(0, "0", high=2**32 - 1),
     "test_fraction": _within(lambda v: 0 < v < 1, "a number strictly between 0 and 1", "0.2"),

@@ -99,9 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--registry",
         default=None,
-        metavar="DIR",
-        help="model registry folder a passing model is promoted into (as version <run>); "
-        "default OUTPUT/registry (a local folder or file:// URL)",
+        metavar="DIR|URL",
+        help="model registry a passing model is promoted into (as version <run>): a folder, "
+        "file:// or fsspec URL (s3://bucket/models); default OUTPUT/registry",
     )
     parser.add_argument(
         "--backend",
@@ -245,7 +245,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
         check_value("image", args.image, "--image")
     if args.namespace:
         check_value("namespace", args.namespace, "--namespace")
-    registry_folder(args)  # promote publishes local folders only
+    registry_location(args)  # refused now, not after the training
 
 
 #: The first kfp whose local runner runs a ``dsl.ExitHandler``, which the pipeline has (kfp 2.17
@@ -262,15 +262,15 @@ def check_local_runner(kfp_version: str) -> None:
         )
 
 
-def registry_folder(args: argparse.Namespace) -> Path:
-    """The model registry a passing model is promoted into: --registry, else OUTPUT/registry."""
-    from kubetrain.components.promote_model.promote import local_path
+def registry_location(args: argparse.Namespace) -> str:
+    """The model registry a passing model is promoted into, as promote reads it: --registry
+    (a folder, made absolute, or a URL), else OUTPUT/registry."""
+    from kubetrain.components.promote_model.promote import REGISTRY_FORMS, location
 
-    return (
-        local_path(args.registry, "--registry")
-        if args.registry is not None
-        else (args.output / "registry")
-    )
+    if args.registry is None:
+        return str((args.output / "registry").resolve())
+    registry = location(args.registry, "--registry", REGISTRY_FORMS)
+    return str(registry.resolve()) if isinstance(registry, Path) else registry
 
 
 def program(args: argparse.Namespace) -> list[str]:
@@ -295,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     # the caller's: a user's program finds their `torchrun` first.
     warnings.filterwarnings("ignore", message=".*non-Python base image", category=RuntimeWarning)
     pipeline_root = args.output.resolve()
-    registry = registry_folder(args).resolve()
+    registry = registry_location(args)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     view = RunOutput(args.verbose, sys.stdout, colour_wanted(sys.stdout))
     started = time.monotonic()
@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
                 lr=float(args.lr),
                 batch_size=args.batch_size,
                 accuracy_threshold=float(args.threshold),
-                model_registry=str(registry),
+                model_registry=registry,
                 wait_timeout_seconds=float(args.timeout),
                 stall_timeout_seconds=float(args.stall_timeout),
                 storage=absolute_location(args.storage),

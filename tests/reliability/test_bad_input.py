@@ -182,7 +182,7 @@ BAD_INPUTS: list[Any] = [
     case("promote-version-is-the-pointer", "version", *PROMOTE, "--version", "promoted"),
     case("promote-accuracy-above-one", "accuracy", *PROMOTE, "--version", "v1",
          "--accuracy", "97"),
-    case("promote-registry-url", "registry", "promote", "--model", "{model}",
+    case("promote-registry-unreachable", "registry", "promote", "--model", "{model}",
          "--registry", "s3://bucket/registry", "--version", "v1"),
     case("promote-missing-model", "model", "promote", "--model", "{ws}/no-model",
          "--registry", "{ws}/registry", "--version", "v1"),

@@ -505,3 +505,123 @@ def test_the_trainer_webhook_also_checks_updates(k8s, trainer, custom):
             GROUP, VERSION, "default", "trainjobs", "later", {"spec": {"suspend": True}}
         )
     assert refused.value.status == 403 and "must be created before" in refused.value.body
+
+
+# --- JobSet 0.12 + the Job controller: restarts ----------------------------------------------
+
+
+def pod_history(k8s) -> tuple[list[tuple[str, str, int, str]], Any]:
+    """Every pod change as (event, pod, restartCount, state), in order; and the unsubscribe."""
+    seen: list[tuple[str, str, int, str]] = []
+
+    def record(plural: str, event: dict[str, Any]) -> None:
+        if plural != "pods":
+            return
+        pod = event["object"]
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            state = status.get("state") or {}
+            kind = next(iter(state), "")
+            detail = (state.get(kind) or {}).get("reason", "") if kind != "running" else ""
+            seen.append(
+                (
+                    event["type"],
+                    pod["metadata"]["name"],
+                    status["restartCount"],
+                    f"{kind} {detail}".strip(),
+                )
+            )
+
+    return seen, k8s.emulator.on_event(record)
+
+
+def restarting_runtime(
+    k8s, backoff_limit: int | None = None, restart_policy: str | None = None
+) -> None:
+    """A runtime whose node always exits 3, with the Job's backoffLimit and pod restartPolicy
+    given (else none, as the Trainer's torch-distributed)."""
+    runtime = objects.torch_runtime(RUNTIME, command=["sh", "-c", "echo ran; exit 3"])
+    node_job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    if backoff_limit is not None:
+        node_job["backoffLimit"] = backoff_limit
+    if restart_policy is not None:
+        node_job["template"]["spec"]["restartPolicy"] = restart_policy
+    k8s.emulator.create("clustertrainingruntimes", runtime)
+
+
+def test_onfailure_restarts_in_place_until_the_backoff_limit_fails_the_job(k8s, trainer, custom):
+    """jobset_webhook.go ``Default`` (~124): no restartPolicy in the runtime is OnFailure; the
+    kubelet restarts the container in place, with CrashLoopBackOff from the second restart
+    (kuberuntime_manager.go ``doBackOff``); job_controller.go ``pastBackoffLimitOnFailure``:
+    the restarts reaching backoffLimit 2 fail the Job and delete its pods; no failurePolicy:
+    the JobSet (and so the TrainJob, jobset.go ``Status``) fails FailedJobs."""
+    restarting_runtime(k8s, backoff_limit=2)
+    history, unsubscribe = pod_history(k8s)
+    create(custom, trainjob("crashing"))
+    pod = pods_of(k8s, "crashing", 1)[0]
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    condition = finished(k8s, "crashing")["status"]["conditions"][-1]
+    unsubscribe()
+    assert (condition["type"], condition["reason"]) == ("Failed", "FailedJobs")
+    assert condition["message"] == (
+        "jobset failed due to one or more job failures (first failed job: crashing-node-0)"
+    )
+    name = pod["metadata"]["name"]
+    states = [(count, state) for _, pod_name, count, state in history if pod_name == name]
+    changes = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
+    assert changes == [
+        (0, "waiting ContainerCreating"),
+        (0, "running"),
+        (0, "terminated Error"),
+        (1, "running"),
+        (1, "terminated Error"),
+        (1, "waiting CrashLoopBackOff"),
+    ], changes
+    assert history[-1][0] == "DELETED" and k8s.emulator.list("pods") == []
+
+
+def test_failure_policy_restarts_every_pod_until_max_restarts(k8s, trainer, custom):
+    """failure_policy.go ``restartJobSetActionApplier``: a failed Job (restartPolicy Never,
+    backoffLimit 0) makes JobSet delete every Job and make them again, labelled restart-attempt
+    = status.restarts, until maxRestarts; then ReachedMaxRestarts."""
+    runtime = objects.torch_runtime(RUNTIME, command=["sh", "-c", "exit 3"])
+    spec = runtime["spec"]["template"]["spec"]
+    spec["failurePolicy"] = {"maxRestarts": 1}
+    node_job = spec["replicatedJobs"][0]["template"]["spec"]
+    node_job["backoffLimit"] = 0
+    node_job["template"]["spec"]["restartPolicy"] = "Never"
+    k8s.emulator.create("clustertrainingruntimes", runtime)
+    history, unsubscribe = pod_history(k8s)
+    create(custom, trainjob("twice", numNodes=2))
+    condition = finished(k8s, "twice")["status"]["conditions"][-1]
+    unsubscribe()
+    assert (condition["type"], condition["reason"]) == ("Failed", "ReachedMaxRestarts")
+    assert condition["message"] == (
+        "jobset failed due to reaching max number of restarts (first failed job: twice-node-0)"
+    )
+    made = list(dict.fromkeys(name for event, name, *_ in history if event == "ADDED"))
+    deleted = {name for event, name, *_ in history if event == "DELETED"}
+    assert len(made) == 4 and deleted == set(made[:2]), (made, deleted)
+    pods = pods_of(k8s, "twice", 2)
+    assert [p["metadata"]["labels"][objects.RESTART_ATTEMPT] for p in pods] == ["1", "1"]
+    assert [p["status"]["phase"] for p in pods] == ["Failed", "Failed"]
+
+
+def test_never_replaces_a_failed_pod_within_the_backoff_limit(k8s, trainer, custom):
+    """job_controller.go ``syncJob``: restartPolicy Never, backoffLimit 1: the failed index
+    gets a new pod; the second failure exceeds the limit and fails the Job."""
+    restarting_runtime(k8s, backoff_limit=1, restart_policy="Never")
+    create(custom, trainjob("replaced"))
+    condition = finished(k8s, "replaced")["status"]["conditions"][-1]
+    assert (condition["type"], condition["reason"]) == ("Failed", "FailedJobs")
+    pods = pods_of(k8s, "replaced", 2)
+    assert [p["status"]["phase"] for p in pods] == ["Failed", "Failed"]
+    assert [p["status"]["containerStatuses"][0]["restartCount"] for p in pods] == [0, 0]
+
+
+def test_a_webhook_denial_is_the_api_servers_answer(k8s, trainer, custom):
+    """controller-runtime v0.24.1 validator_custom.go/response.go: Denied is 403 Forbidden with
+    the validator's message; apiserver statuserror.go ``ToStatusErr`` prefixes the webhook's
+    name and adds no details."""
+    code, status = refusal(custom, trainjob(runtime="absent"))
+    assert (code, status["reason"], status["status"]) == (403, "Forbidden", "Failure")
+    assert "details" not in status

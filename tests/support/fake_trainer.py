@@ -7,8 +7,32 @@ with the local backend (one process per node with the PET_* environment, master 
 free port). Meanwhile it plays the cluster: one pod per node with the labels JobSet / the Job
 controller put on them, Pending then Running, the node's output streamed into the pod's log,
 the container terminated with the node's exit code, and finally the job's Complete or Failed
-condition. Deleting or suspending the object stops the processes (the emulator
-garbage-collects the pods, which the job owns).
+condition.
+
+Restarts, as the kubelet, the Job controller and JobSet make them (a failed node's torchrun
+world is lost, so every node's processes start again together; a run in which some node
+exited 0 and another failed is not restarted, and the fake records an error):
+
+* ``restartPolicy`` OnFailure or Always (JobSet's default for a runtime that sets none,
+  ``trainer_build``): the failed containers show terminated (a process killed by SIGKILL as
+  OOMKilled), then, from their second restart on, CrashLoopBackOff (kubernetes
+  ``pkg/kubelet/kuberuntime/kuberuntime_manager.go`` ``doBackOff``), then run again with
+  ``restartCount`` + 1 and the old run in ``lastState``; once the pods' restart counts add up to
+  the Job's ``backoffLimit`` (default 6; 0: any restart) the Job fails BackoffLimitExceeded and
+  its active pods are deleted (``pkg/controller/job/job_controller.go`` ``syncJob``,
+  ``pastBackoffLimitOnFailure``, ``deleteActivePods``);
+* ``restartPolicy`` Never: the pod fails; while the Job's failed pods are at most
+  ``backoffLimit`` a new pod replaces each failed index, else the Job fails (``syncJob``
+  ``exceedsBackoffLimit``, ``manageJob``);
+* a failed Job fails the JobSet (reason FailedJobs) unless the runtime's JobSet has a
+  ``failurePolicy``: then every pod is deleted and made again, labelled with the next
+  ``restart-attempt``, until ``maxRestarts`` restarts were made (then ReachedMaxRestarts;
+  jobset v0.12.0 ``pkg/controllers/failure_policy.go``; rules are not modelled and make the
+  fake record an error); the TrainJob gets the JobSet's Complete or Failed condition as is
+  (trainer v2.3.0 ``pkg/runtime/framework/plugins/jobset/jobset.go`` ``Status``).
+
+Deleting or suspending the object stops the processes (the emulator garbage-collects the
+pods, which the job owns).
 
 Translation: a TrainJob is built the way Trainer 2.3 and JobSet build its pods
 (``trainer_build``: its runtime's pod template, ``runtimePatches`` merged strategically, the
@@ -18,10 +42,14 @@ cluster. The pods carry the merged spec; the local processes run its ``node`` co
 command and args (``$(VAR)`` expanded as the kubelet does) with its env (downward-API
 ``fieldRef`` values resolved against the first pod). While it runs, the Trainer's validating
 webhook refuses (403) a TrainJob whose runtime does not exist or lacks the initializer it asks
-for, or that sets a PET_* variable (kubeflow/trainer v2.3.0 ``pkg/webhooks/trainjob_webhook.go``,
-``clustertrainingruntime.go`` and ``trainingruntime.go`` ``ValidateObjects``,
-``plugins/jobset/jobset.go`` and ``plugins/torch/torch.go`` ``Validate``); ``webhook=False``
-stands for a cluster whose runtime went away after the TrainJob was admitted.
+for, or that sets one of the five PET_* variables torchrun's plugin reserves (PET_NNODES,
+PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT: ``pkg/constants/
+constants.go`` ``TorchRunReservedEnvNames``; other PET_* names pass), answered as the API
+server answers a denial (``kube_api.webhook_denial``) (kubeflow/trainer v2.3.0
+``pkg/webhooks/trainjob_webhook.go``, ``clustertrainingruntime.go`` and ``trainingruntime.go``
+``ValidateObjects``, ``plugins/jobset/jobset.go`` and ``plugins/torch/torch.go``
+``Validate``); ``webhook=False`` stands for a cluster whose runtime went away after the
+TrainJob was admitted.
 From an Indexed Job, the ``node`` container gives command and args, and its env
 ``PET_NNODES``/``PET_NPROC_PER_NODE`` the topology. In both, ``PET_NODE_RANK``,
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` are replaced by the local ones.
@@ -44,7 +72,7 @@ from kubetrain.jobspec import TrainJobSpec
 from tests.support import objects, trainer_build
 from tests.support.controller import FakeController
 from tests.support.emulator import KubeEmulator, resource_of
-from tests.support.kube_api import api_error
+from tests.support.kube_api import webhook_denial
 from tests.support.trainer_build import BuildError, TrainerPods
 
 POLL_SECONDS = 0.05
@@ -52,6 +80,13 @@ TRAINJOBS, JOBS = "trainjobs", "jobs"
 TRAINJOB_WEBHOOK = "validator.trainjob.trainer.kubeflow.org"
 #: The recorder name of the TrainJob controller (kubeflow/trainer v2.3.0 pkg/controller/setup.go).
 TRAINJOB_CONTROLLER = "trainer-trainjob-controller"
+#: How long a crashed container shows terminated before the kubelet's next sync restarts it,
+#: and how long it then waits in CrashLoopBackOff (the kubelet's back-off is 10 s, doubling;
+#: kubernetes pkg/kubelet/kuberuntime/kuberuntime_manager.go doBackOff: none before the first
+#: restart). Short here: a wait must tell a restart from a job that cannot finish by the pod.
+TERMINATED_SECONDS = 0.3
+CRASH_LOOP_BACKOFF_SECONDS = 0.5
+SIGKILL_EXIT_CODE = 128 + 9
 
 
 def _env_values(env: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -111,8 +146,18 @@ def spec_from_indexed_job(obj: dict[str, Any]) -> TrainJobSpec:
     )
 
 
+def _reason(code: int) -> str:
+    """How the kubelet names a container's end: a process killed by SIGKILL stands here for
+    the kernel's out-of-memory kill, which the kubelet reports as OOMKilled."""
+    if code == 0:
+        return "Completed"
+    return "OOMKilled" if code == SIGKILL_EXIT_CODE else "Error"
+
+
 class _Run(threading.Thread):
-    """One job: its local run mirrored into pods, logs and the job's conditions."""
+    """One job: its local runs mirrored into pods, logs and the job's conditions, restarted
+    as its Job (``restartPolicy``, ``backoffLimit``) and, for a TrainJob, its JobSet
+    (``failurePolicy.maxRestarts``) restart it (module docstring)."""
 
     def __init__(
         self,
@@ -131,7 +176,24 @@ class _Run(threading.Thread):
         self.stopped = threading.Event()
         self.local = LocalBackend(trainer.root)
         self.built = built
+        if built is not None:
+            self.restart_policy, self.backoff_limit = built.restart_policy, built.backoff_limit
+        else:
+            job_spec = obj["spec"]
+            self.restart_policy = job_spec["template"]["spec"].get("restartPolicy", "Never")
+            backoff_limit = job_spec.get("backoffLimit")
+            self.backoff_limit = (
+                trainer_build.DEFAULT_BACKOFF_LIMIT if backoff_limit is None else backoff_limit
+            )
         self.pods: dict[int, str] = {}
+        #: Per node: its container's restartCount and lastState (reset with each new pod).
+        self.restart_counts: dict[int, int] = {}
+        self.last_states: dict[int, dict[str, Any]] = {}
+        #: The Job's status.failed, and the JobSet's status.restarts.
+        self.failed_pods = 0
+        self.jobset_restarts = 0
+        self.pods_deleted = False
+        self.local_runs = 0
 
     def run(self) -> None:
         try:
@@ -140,27 +202,13 @@ class _Run(threading.Thread):
             if not self.stopped.is_set():  # else: its pods were deleted under it, as meant
                 self.trainer.errors.append(error)
 
-    def _create_pods(self) -> tuple[TrainJobSpec, str]:
-        """The job's pods, as JobSet or the Job controller creates them, and its local run."""
+    def _create_pod(self, rank: int, image: str) -> dict[str, Any]:
+        """Node ``rank``'s pod, as JobSet's Job or the Job controller creates it, Pending."""
         if self.built is None:
-            spec = spec_from_indexed_job(self.obj)
-            image = self.obj["spec"]["template"]["spec"]["containers"][0].get(
-                "image", objects.DEFAULT_IMAGE
+            pod = objects.node_pod(
+                self.name, rank, namespace=self.namespace, kind="job", image=image, owner=self.obj
             )
-            for rank in range(spec.num_nodes):
-                pod = objects.node_pod(
-                    self.name,
-                    rank,
-                    namespace=self.namespace,
-                    kind="job",
-                    image=image,
-                    owner=self.obj,
-                )
-                self.pods[rank] = self.emulator.create_pod(pod)["metadata"]["name"]
-            return spec, image
-        image = self.built.container.get("image", objects.DEFAULT_IMAGE)
-        created = []
-        for rank in range(self.built.num_nodes):
+        else:
             pod = objects.node_pod(
                 self.name,
                 rank,
@@ -170,13 +218,55 @@ class _Run(threading.Thread):
                 pod_spec=self.built.pod_spec,
                 pod_labels=self.built.pod_labels,
                 replicated_job=self.built.replicated_job,
+                restart_attempt=self.jobset_restarts,
             )
-            created.append(self.emulator.create_pod(pod))
-            self.pods[rank] = created[-1]["metadata"]["name"]
+        created = self.emulator.create_pod(pod)
+        self.pods[rank] = created["metadata"]["name"]
+        self.restart_counts[rank] = 0
+        self.last_states.pop(rank, None)
+        return created
+
+    def _create_pods(self) -> tuple[TrainJobSpec, str]:
+        """The job's pods, as JobSet or the Job controller creates them, and its local run."""
+        self.pods_deleted = False
+        self.failed_pods = 0
+        if self.built is None:
+            spec = spec_from_indexed_job(self.obj)
+            image = self.obj["spec"]["template"]["spec"]["containers"][0].get(
+                "image", objects.DEFAULT_IMAGE
+            )
+            for rank in range(spec.num_nodes):
+                self._create_pod(rank, image)
+            return spec, image
+        image = self.built.container.get("image", objects.DEFAULT_IMAGE)
+        created = [self._create_pod(rank, image) for rank in range(self.built.num_nodes)]
         return spec_from_trainjob(self.obj, self.built, created[0]), image
 
     def _run(self) -> None:
-        spec, image = self._create_pods()
+        while not self.stopped.is_set():
+            spec, image = self._create_pods()
+            status = self._run_job(spec, image)
+            if status is None:
+                return
+            if status.state == COMPLETE or not self._restart_jobset():
+                self._finish(status, image)
+                return
+            self._delete_pods()  # JobSet deletes the failed attempt's Jobs, and so their pods
+
+    def _run_job(self, spec: TrainJobSpec, image: str) -> Any:
+        """One Job's life: its nodes run, again after each restart in place or in replacement
+        pods, until they all exit 0 or the Job fails; the last run's status (None: stopped)."""
+        while True:
+            status = self._run_nodes(spec, image)
+            if status is None or status.state == COMPLETE or not self._restart_nodes(status):
+                return status
+
+    def _run_nodes(self, spec: TrainJobSpec, image: str) -> Any:
+        """One local run of every node, mirrored into the pods; its final status."""
+        self.local_runs += 1
+        self.local = LocalBackend(
+            self.trainer.root / f"{self.obj['metadata']['uid']}-{self.local_runs}"
+        )
         self.local.launch(spec)
         job_dir = self.local.job_dir(self.name)
         tails = {rank: LogTail(node_log(job_dir, rank)) for rank in self.pods}
@@ -185,38 +275,133 @@ class _Run(threading.Thread):
             status = self.local.status(self.name)
             if status.state in (RUNNING, COMPLETE, FAILED) and not running:
                 running = True
-                for pod in self.pods.values():
-                    self._set_container(pod, image, objects.running(), "Running")
+                for rank in self.pods:
+                    self._set_container(rank, image, objects.running(), "Running")
             if running:
                 for rank, tail in tails.items():
                     lines = tail.read_lines(final=status.finished)
                     if lines:
                         self.emulator.append_log(self.pods[rank], lines, self.namespace)
             if status.finished:
-                self._finish(status, image)
-                return
+                return status
             time.sleep(POLL_SECONDS)
+        return None
 
-    def _set_container(self, pod: str, image: str, state: dict[str, Any], phase: str) -> None:
-        status = objects.pod_status(phase, [objects.container_status(image, state)])
-        self.emulator.set_pod_status(pod, status, self.namespace)
+    def _restart_nodes(self, status: Any) -> bool:
+        """After a failed run: whether the Job runs its nodes again, as the kubelet (in place,
+        ``restartPolicy`` OnFailure or Always) or the Job controller (a replacement pod per
+        failed index, Never) restarts them within ``backoffLimit``; False once the Job fails
+        (BackoffLimitExceeded)."""
+        image = self._image()
+        codes = _exit_codes(status)
+        failed = [rank for rank, code in codes.items() if code]
+        ended = {rank: objects.terminated(code, _reason(code)) for rank, code in codes.items()}
+        if self.restart_policy == "Never":
+            for rank in failed:
+                self._set_container(rank, image, ended[rank], "Failed")
+            self.failed_pods += len(failed)
+            if self.failed_pods > self.backoff_limit:  # job_controller.go exceedsBackoffLimit
+                return False
+            _whole_world(failed, codes)
+            for rank in failed:  # manageJob: a new pod for each failed index
+                self._create_pod(rank, image)
+            return True
+        _whole_world(failed, codes)
+        for rank in failed:  # the container stopped; its pod stays Running
+            self._set_container(rank, image, ended[rank], "Running")
+        time.sleep(TERMINATED_SECONDS)
+        backing_off = [rank for rank in failed if self.restart_counts[rank] > 0]
+        for rank in backing_off:  # kubelet doBackOff: no back-off before the first restart
+            waiting = objects.waiting("CrashLoopBackOff", "back-off restarting failed container")
+            self._set_container(rank, image, waiting, "Running", last_state=ended[rank])
+        if backing_off:
+            time.sleep(CRASH_LOOP_BACKOFF_SECONDS)
+        for rank in failed:
+            self.restart_counts[rank] += 1
+            self.last_states[rank] = ended[rank]
+        restarts = sum(self.restart_counts.values())
+        if restarts > 0 if self.backoff_limit == 0 else restarts >= self.backoff_limit:
+            self._delete_pods()  # pastBackoffLimitOnFailure: the Job fails, deleteActivePods
+            return False
+        return True
+
+    def _restart_jobset(self) -> bool:
+        """JobSet's failure policy on the failed Job: without one the JobSet fails; with one,
+        it restarts every Job (status.restarts + 1) until ``maxRestarts`` restarts were made
+        (jobset v0.12.0 ``pkg/controllers/failure_policy.go`` ``executeFailurePolicy``,
+        ``restartJobSetActionApplier``: the default action when no rule matches)."""
+        policy = self.built.failure_policy if self.built is not None else None
+        if policy is None:
+            return False
+        if policy.get("rules"):
+            raise NotImplementedError("fake Trainer: failurePolicy.rules are not modelled")
+        if self.jobset_restarts >= policy.get("maxRestarts", 0):
+            return False
+        self.jobset_restarts += 1
+        return True
+
+    def _image(self) -> str:
+        if self.built is not None:
+            return self.built.container.get("image", objects.DEFAULT_IMAGE)
+        return self.obj["spec"]["template"]["spec"]["containers"][0].get(
+            "image", objects.DEFAULT_IMAGE
+        )
+
+    def _set_container(
+        self,
+        rank: int,
+        image: str,
+        state: dict[str, Any],
+        phase: str,
+        last_state: dict[str, Any] | None = None,
+    ) -> None:
+        container = objects.container_status(
+            image,
+            state,
+            restart_count=self.restart_counts.get(rank, 0),
+            last_state=last_state or self.last_states.get(rank),
+        )
+        self.emulator.set_pod_status(
+            self.pods[rank], objects.pod_status(phase, [container]), self.namespace
+        )
+
+    def _delete_pods(self) -> None:
+        for pod in self.pods.values():
+            try:
+                self.emulator.delete("pods", pod, self.namespace)
+            except Exception:  # already garbage-collected
+                pass
+        self.pods_deleted = True
 
     def _finish(self, status: Any, image: str) -> None:
-        codes = {node.rank: node.exit_code for node in status.nodes}
-        for rank, pod in self.pods.items():
-            code = codes.get(rank)
-            code = 128 - code if code is not None and code < 0 else (code or 0)
-            phase = "Succeeded" if code == 0 else "Failed"
-            self._set_container(pod, image, objects.terminated(code), phase)
+        codes = _exit_codes(status)
+        if not self.pods_deleted:
+            for rank, code in codes.items():
+                phase = "Succeeded" if code == 0 else "Failed"
+                self._set_container(rank, image, objects.terminated(code, _reason(code)), phase)
         if self.plural == TRAINJOBS:
-            condition = (
-                objects.condition("Complete", reason="JobSetCompleted", message=status.message)
-                if status.state == COMPLETE
-                else objects.condition("Failed", reason="JobSetFailed", message=status.message)
+            self.emulator.set_conditions(
+                TRAINJOBS, self.name, [self._trainjob_condition(status)], self.namespace
             )
-            self.emulator.set_conditions(TRAINJOBS, self.name, [condition], self.namespace)
         else:
             self.emulator.patch_status(JOBS, self.name, self._job_status(status), self.namespace)
+
+    def _trainjob_condition(self, status: Any) -> dict[str, Any]:
+        """The JobSet's Complete or Failed condition, which the Trainer copies to the TrainJob
+        under its own type (trainer v2.3.0 ``pkg/runtime/framework/plugins/jobset/jobset.go``
+        ``Status``; reasons and messages: jobset v0.12.0 ``pkg/constants/constants.go``,
+        ``failure_policy.go`` ``messageWithFirstFailedJob``)."""
+        if status.state == COMPLETE:
+            return objects.condition(
+                "Complete", reason="AllJobsCompleted", message="jobset completed successfully"
+            )
+        first_failed = f"first failed job: {self.name}-{self.built.replicated_job}-0"
+        if self.built.failure_policy is None:
+            reason, message = "FailedJobs", "jobset failed due to one or more job failures"
+        else:
+            reason = "ReachedMaxRestarts"
+            message = "jobset failed due to reaching max number of restarts"
+        return objects.condition("Failed", reason=reason, message=f"{message} ({first_failed})")
 
     def _job_status(self, status: Any) -> dict[str, Any]:
         failed = sum(1 for node in status.nodes if node.exit_code)
@@ -249,11 +434,27 @@ class _Run(threading.Thread):
         except Exception:  # never launched, or already cleaned up
             pass
         if delete_pods:
-            for pod in self.pods.values():
-                try:
-                    self.emulator.delete("pods", pod, self.namespace)
-                except Exception:  # already garbage-collected
-                    pass
+            self._delete_pods()
+
+
+def _whole_world(failed: list[int], codes: dict[int, int]) -> None:
+    """A restart here runs every node again: refuse one where some node exited 0 (its pod is
+    done; the others' torchrun could not form their world again without it, which one
+    machine's run cannot show)."""
+    if len(failed) < len(codes):
+        raise NotImplementedError(
+            f"fake Trainer: nodes {failed} failed while others succeeded; a restart of part "
+            "of a torchrun world is not modelled"
+        )
+
+
+def _exit_codes(status: Any) -> dict[int, int]:
+    """Per node, its container's exit code as the kubelet reports it (a signal: 128 + it)."""
+    codes = {}
+    for node in status.nodes:
+        code = node.exit_code
+        codes[node.rank] = 128 - code if code is not None and code < 0 else (code or 0)
+    return codes
 
 
 class FakeTrainer(FakeController):
@@ -373,7 +574,4 @@ class FakeTrainer(FakeController):
 
     @staticmethod
     def _deny(message: str) -> None:
-        """controller-runtime answers a validator's plain error with a 403 denial."""
-        raise api_error(
-            403, f'admission webhook "{TRAINJOB_WEBHOOK}" denied the request: {message}'
-        )
+        raise webhook_denial(TRAINJOB_WEBHOOK, message)

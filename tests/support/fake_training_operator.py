@@ -69,7 +69,7 @@ from kubetrain.backends.local.processes import stop_marked_processes
 from tests.support import objects, trainer_build
 from tests.support.controller import FakeController
 from tests.support.emulator import KubeEmulator
-from tests.support.kube_api import api_error, now_iso
+from tests.support.kube_api import now_iso, webhook_denial
 
 PYTORCHJOBS = "pytorchjobs"
 CRD_FILE = Path(__file__).parent / "crds" / "kubeflow.org_pytorchjobs.yaml"
@@ -634,7 +634,7 @@ class FakeTrainingOperator(FakeController):
         errors = webhook_errors(job)
         if errors:
             shown = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
-            raise api_error(403, f'admission webhook "{WEBHOOK}" denied the request: {shown}')
+            raise webhook_denial(WEBHOOK, shown)
 
 
 def _crd_name() -> str:

@@ -103,17 +103,30 @@ def api_error(code: int, message: str, reason: str = "", **details: Any) -> kmoc
     )
 
 
+def webhook_denial(webhook: str, message: str) -> kmock.KubernetesError:
+    """How the API server answers a request a validating webhook denied: a controller-runtime
+    validator's plain error is ``Denied(err.Error())``, code 403 and reason Forbidden
+    (controller-runtime v0.24.1 ``pkg/webhook/admission/validator_custom.go`` ``Handle``,
+    ``response.go`` ``ValidationResponse``), and the server prefixes the webhook's name to its
+    message, with no details (kubernetes ``staging/src/k8s.io/apiserver/pkg/admission/plugin/
+    webhook/errors/statuserror.go`` ``ToStatusErr``)."""
+    return api_error(403, f'admission webhook "{webhook}" denied the request: {message}')
+
+
 def status_body(error: kmock.KubernetesError) -> dict[str, Any]:
-    return {
+    """A ``metav1.Status``; ``details`` is omitted when empty (``omitempty``)."""
+    body = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": error.message,
         "reason": error.reason,
-        "details": error.details or {},
         "code": error.status,
     }
+    if error.details:
+        body["details"] = error.details
+    return body
 
 
 def _containers_by_name(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:

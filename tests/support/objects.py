@@ -22,6 +22,7 @@ TRAINER_VERSION = "v1alpha1"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_NAME = "batch.kubernetes.io/job-name"
 NODE_CONTAINER = "node"
@@ -275,12 +276,14 @@ def node_pod(
     pod_spec: dict[str, Any] | None = None,
     pod_labels: dict[str, str] | None = None,
     replicated_job: str = NODE_CONTAINER,
+    restart_attempt: int = 0,
 ) -> dict[str, Any]:
     """Node ``index`` of a job as its controller creates it: a Pending pod with the labels
     JobSet (``kind="trainer"``; jobset v0.12.0 ``pkg/controllers/jobset_controller.go``
-    ``labelAndAnnotateObject``) or the Job controller (``kind="job"``) put on it. ``pod_spec``
-    and ``pod_labels`` are the template's (the fake Trainer's merged one), else a bare
-    ``node`` container running ``image``."""
+    ``labelAndAnnotateObject``: ``restart-attempt`` is the JobSet's ``status.restarts`` when
+    its Job was made) or the Job controller (``kind="job"``) put on it. ``pod_spec`` and
+    ``pod_labels`` are the template's (the fake Trainer's merged one), else a bare ``node``
+    container running ``image``."""
     suffix = secrets.token_hex(3)[:5]
     if kind == "trainer":
         job_name = f"{job}-{replicated_job}-0"
@@ -290,7 +293,7 @@ def node_pod(
             REPLICATED_JOB: replicated_job,
             JOB_INDEX: "0",
             "jobset.sigs.k8s.io/replicatedjob-replicas": "1",
-            "jobset.sigs.k8s.io/restart-attempt": "0",
+            RESTART_ATTEMPT: str(restart_attempt),
             COMPLETION_INDEX: str(index),
             JOB_NAME: job_name,
             "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",

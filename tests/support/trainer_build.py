@@ -28,6 +28,11 @@ kubernetes-sigs/jobset tag v0.12.0):
   ``<job>-<podIndex>-<5 random>``, and its webhook refuses a JobSet whose longest job or pod
   name would not be a DNS-1035 label of at most 63 characters (jobset
   ``pkg/webhooks/jobset_webhook.go`` ``ValidateCreate``; the pod check adds ``-abcde``);
+* JobSet's defaulting webhook gives every replicated job's pod template ``restartPolicy:
+  OnFailure`` when it sets none (jobset ``pkg/webhooks/jobset_webhook.go`` ``Default``, ~124),
+  and the Job's ``backoffLimit`` is 6 when the runtime sets none (kubernetes
+  ``pkg/apis/batch/v1/defaults.go`` ``SetDefaults_Job``); the JobSet's ``failurePolicy`` is the
+  runtime's (a TrainJob cannot patch it);
 * a build failure is no condition: the controller emits a Warning event
   ``TrainJobResourcesCreationFailed`` "TrainJob resources reconciliation failed: <error>",
   truncated to 950 characters (``pkg/controller/trainjob_controller.go`` ``Reconcile``).
@@ -46,6 +51,9 @@ ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER_ANCESTOR = "trainer"
 NODE = "node"
 MASTER_PORT = 29500
+#: What the Job controller and JobSet's webhook default (module docstring).
+DEFAULT_RESTART_POLICY = "OnFailure"
+DEFAULT_BACKOFF_LIMIT = 6
 JOBSET_WEBHOOK = "vjobset.kb.io"
 CREATION_FAILED = "TrainJobResourcesCreationFailed"
 #: list field -> the key its items are merged by (patchMergeKey); other lists are replaced.
@@ -72,13 +80,21 @@ class BuildError(Exception):
 @dataclass
 class TrainerPods:
     """What the JobSet of a TrainJob runs for the trainer: ``num_nodes`` pods of ``pod_spec``
-    (the merged template, PET_* env included) in replicated job ``replicated_job``."""
+    (the merged template, PET_* env and the defaulted restartPolicy included) in replicated
+    job ``replicated_job``, whose Job fails past ``backoff_limit``; ``failure_policy`` is the
+    JobSet's (None: the first failed Job fails it)."""
 
     pod_spec: dict[str, Any]
     pod_labels: dict[str, str]
     replicated_job: str
     num_nodes: int
     procs_per_node: str
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    failure_policy: dict[str, Any] | None = None
+
+    @property
+    def restart_policy(self) -> str:
+        return self.pod_spec["restartPolicy"]
 
     @property
     def container(self) -> dict[str, Any]:
@@ -287,6 +303,8 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
     check_names(trainjob["metadata"]["name"], jobset["replicatedJobs"])
     pod_template = found["template"]["spec"].get("template") or {}
     pod_spec = copy.deepcopy(pod_template.get("spec") or {})
+    pod_spec["restartPolicy"] = pod_spec.get("restartPolicy") or DEFAULT_RESTART_POLICY
+    backoff_limit = found["template"]["spec"].get("backoffLimit")
     containers = pod_spec.get("containers") or []
     node = next((c for c in containers if c.get("name") == NODE), None)
     if node is None:
@@ -310,6 +328,8 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
         replicated_job=found["name"],
         num_nodes=num_nodes,
         procs_per_node=procs,
+        backoff_limit=DEFAULT_BACKOFF_LIMIT if backoff_limit is None else backoff_limit,
+        failure_policy=copy.deepcopy(jobset.get("failurePolicy")),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,13 @@ RBAC_FIX = (
     "ServiceAccount it binds"
 )
 RETRIABLE_STATUSES = (429, 500, 502, 503, 504)
+#: How the API server words a validating webhook's denial, a 403 with reason Forbidden as an
+#: RBAC refusal has (kubernetes staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/
+#: errors/statuserror.go ToStatusErr; the code and reason are the webhook's, 403 Forbidden
+#: from controller-runtime's Denied: v0.24.1 pkg/webhook/admission/response.go
+#: ValidationResponse), where RBAC's says '... is forbidden: User "..." cannot ...'
+#: (apiserver pkg/endpoints/handlers/responsewriters/errors.go forbiddenMessage).
+WEBHOOK_DENIAL = re.compile(r'admission webhook "[^"]*" denied the request')
 #: A kubeconfig larger than this is not one (they hold a few certificates and tokens).
 MAX_KUBECONFIG_BYTES = 16 * MIB
 #: Connection-level failures worth retrying (dropped connections, refused, timeouts).
@@ -131,6 +139,11 @@ class PermissionDenied(ApiError):
     """403: the ServiceAccount lacks a verb on a resource."""
 
 
+class AdmissionDenied(ApiError):
+    """403 from a validating admission webhook: the object was refused for what it holds, not
+    for who sent it."""
+
+
 class NotFound(ApiError):
     """404: the object, or the whole resource type, does not exist."""
 
@@ -157,6 +170,14 @@ def translate(exc: ApiException, action: Action) -> ApiError:
     body = _body(exc)
     server = body.get("message") or exc.reason or ""
     status = exc.status or 0
+    if status == 403 and WEBHOOK_DENIAL.match(server):
+        return AdmissionDenied(
+            f"the cluster refused to {action}: {server} (a validating admission webhook's "
+            "answer, not a missing permission: fix what it names)",
+            action,
+            status,
+            body,
+        )
     if status == 403:
         where = f"namespace {action.namespace}" if action.namespace else "the cluster scope"
         group = action.group or '""'

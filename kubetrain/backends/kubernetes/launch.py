@@ -270,6 +270,14 @@ def _pod_spec(replicated_job: dict[str, Any]) -> dict[str, Any]:
     return (job.get("template") or {}).get("spec") or {}
 
 
+def runtime_replicated_job_specs(runtime: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, Job spec) of every replicated job of the runtime's JobSet."""
+    return [
+        (job.get("name") or "", (job.get("template") or {}).get("spec") or {})
+        for job in _replicated_jobs(runtime)
+    ]
+
+
 def _is_trainer(replicated_job: dict[str, Any]) -> bool:
     labels = ((replicated_job.get("template") or {}).get("metadata") or {}).get("labels") or {}
     return labels.get(ANCESTOR_LABEL) == ANCESTOR_TRAINER

@@ -104,6 +104,21 @@ def _last_termination(pod: V1Pod) -> V1ContainerStateTerminated | None:
     return None
 
 
+def _last_terminated(status: V1ContainerStatus) -> V1ContainerStateTerminated | None:
+    return status.last_state.terminated if status.last_state is not None else None
+
+
+def failed_run(pod: V1Pod) -> int:
+    """Which run of the node container (its restartCount then) the problem ``diagnose``
+    found is about: the current one when it has ended or waits to restart, else the one
+    before."""
+    status = node_container(pod)
+    if status is None:
+        return 0
+    runs = status.restart_count or 0
+    return runs - 1 if status.state is not None and status.state.running else runs
+
+
 def exit_code(pod: V1Pod) -> int | None:
     """The node container's exit code once it has terminated (this run, else the last one)."""
     ended = _last_termination(pod)
@@ -187,6 +202,9 @@ class PodProblem:
     node: int | None
     grace: str = ""
     exit_code: int | None = None
+    #: A failed run (an out-of-memory kill, a crash loop, a failed init container): a
+    #: problem only when no restart can come (``restart_coming``).
+    restartable: bool = False
 
 
 def _pull_problem(
@@ -206,7 +224,7 @@ def _pull_problem(
     )
 
 
-def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> PodProblem | None:
+def _init_container_problem(pod: V1Pod, index: int) -> PodProblem | None:
     """An init container that holds the node back: one whose image cannot be pulled, or one
     that failed. The Training Operator gives PyTorchJob workers ``init-pytorch``, which looks
     up the master's Service 100 times, 2 s apart, then exits 1 (training-operator v1.9.0
@@ -224,7 +242,7 @@ def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> P
         ended = state.terminated if state is not None else None
         if ended is None and status.last_state is not None:
             ended = status.last_state.terminated
-        if ended is not None and ended.exit_code and not restarts_allowed:
+        if ended is not None and ended.exit_code:
             return PodProblem(
                 "InitContainerFailed",
                 f"node {index}'s init container {status.name} exited with code "
@@ -237,6 +255,7 @@ def _init_container_problem(pod: V1Pod, index: int, restarts_allowed: bool) -> P
                 name,
                 index,
                 exit_code=ended.exit_code,
+                restartable=True,
             )
     return None
 
@@ -253,12 +272,10 @@ def in_pod_group(pod: V1Pod) -> bool:
     )
 
 
-def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
-    """The pod's problem, if it has one. An out-of-memory kill or a crash loop is one only
-    when the job may not restart (``restarts_allowed``: JobSet restarts every node after a
-    failure, the Training Operator restarts containers in place under ``OnFailure``, so the
-    kubelet shows CrashLoopBackOff between restarts; the job's own Failed condition says when
-    the restarts run out)."""
+def diagnose(pod: V1Pod) -> PodProblem | None:
+    """The pod's problem, if it has one. An out-of-memory kill, a crash loop or a failed init
+    container is ``restartable``: the caller asks ``restart_coming`` whether the kubelet, the
+    job's controller or JobSet will run the node again."""
     index = node_index(pod)
     if index is None:
         return None
@@ -276,7 +293,7 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
                 index,
                 grace="gang" if in_pod_group(pod) else "unschedulable",
             )
-    if (problem := _init_container_problem(pod, index, restarts_allowed)) is not None:
+    if (problem := _init_container_problem(pod, index)) is not None:
         return problem
     status = node_container(pod)
     if status is None or status.state is None:
@@ -293,9 +310,10 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
             index,
             grace="image_pull",
         )
-    for state in (status.state, status.last_state):
-        ended = state.terminated if state is not None else None
-        if ended is not None and ended.reason == OOM and not restarts_allowed:
+    # The current run's end, else (running again, or waiting to) the run before it.
+    current = status.state.terminated
+    for ended in (current,) if current is not None else (_last_terminated(status),):
+        if ended is not None and ended.reason == OOM:
             return PodProblem(
                 OOM,
                 f"node {index} ran out of memory (OOMKilled, exit code {ended.exit_code}); "
@@ -303,8 +321,9 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
                 name,
                 index,
                 exit_code=ended.exit_code or 137,
+                restartable=True,
             )
-    if waiting is not None and waiting.reason == "CrashLoopBackOff" and not restarts_allowed:
+    if waiting is not None and waiting.reason == "CrashLoopBackOff":
         code = exit_code(pod)
         return PodProblem(
             "CrashLoopBackOff",
@@ -313,5 +332,77 @@ def diagnose(pod: V1Pod, restarts_allowed: bool = False) -> PodProblem | None:
             name,
             index,
             exit_code=code,
+            restartable=True,
+        )
+    return None
+
+
+# ------------------------------------------------------------------------- restarts
+#: Pod restart policies under which the kubelet starts a failed container again in place.
+IN_PLACE = ("OnFailure", "Always")
+#: The label JobSet gives every pod of one whole-set restart: its ``status.restarts`` then
+#: (jobset v0.12.0 ``pkg/constants/constants.go`` RestartsKey).
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def restart_attempt(pod: V1Pod) -> str:
+    return (pod.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "")
+
+
+def restarts_made(pods: Iterable[V1Pod], phases: tuple[str, ...]) -> int:
+    """The container restarts a backoffLimit counts: the restartCount of every container and
+    init container of the pods in ``phases`` (a Job: Running or Pending, kubernetes
+    ``pkg/controller/job/job_controller.go`` ``pastBackoffLimitOnFailure``; a PyTorchJob:
+    Running, training-operator v1.9.0 ``pkg/core/job.go`` ``PastBackoffLimit``)."""
+    made = 0
+    for pod in pods:
+        if pod.status is None or pod.status.phase not in phases:
+            continue
+        statuses = [
+            *(pod.status.init_container_statuses or []),
+            *(pod.status.container_statuses or []),
+        ]
+        made += sum(status.restart_count or 0 for status in statuses)
+    return made
+
+
+def in_place_restart(
+    pod: V1Pod,
+    pods: Iterable[V1Pod],
+    backoff_limit: int | None,
+    phases: tuple[str, ...],
+    limit_name: str,
+) -> str | None:
+    """Under ``restartPolicy`` OnFailure or Always the kubelet starts a failed container again
+    in place (``restartCount`` goes up as it starts: a container not running yet counts the
+    restart it waits for), and the job's controller fails the job once the restarts of its
+    pods reach ``backoff_limit`` (None: no limit; 0: any restart). Returns what will happen,
+    or None when no restart can come; the restart that reaches the limit still comes, and the
+    controller's Failed condition then ends the job by itself."""
+    status = node_container(pod)
+    running = bool(status and status.state and status.state.running)
+    after = restarts_made(pods, phases) + (0 if running else 1)
+    if backoff_limit is None:
+        return f"the kubelet restarts it in place (restart {after}; {limit_name} sets no limit)"
+    if after <= backoff_limit:
+        return (
+            f"the kubelet restarts it in place (restart {after} of {backoff_limit}, "
+            f"{limit_name}, counted over every node)"
+        )
+    return None
+
+
+def replacement_pod(pod: V1Pod, pods: Iterable[V1Pod], backoff_limit: int) -> str | None:
+    """Under ``restartPolicy`` Never the Job controller makes a new pod for a failed index
+    until more pods failed than ``backoff_limit`` (``job_controller.go`` ``syncJob``:
+    ``exceedsBackoffLimit``). None when no replacement can come."""
+    failed = {
+        p.metadata.uid or p.metadata.name for p in pods if p.status and p.status.phase == "Failed"
+    }
+    failed.add(pod.metadata.uid or pod.metadata.name)
+    if len(failed) <= backoff_limit:
+        return (
+            f"the Job controller replaces the pod (failure {len(failed)} of {backoff_limit}, "
+            "the Job's backoffLimit)"
         )
     return None

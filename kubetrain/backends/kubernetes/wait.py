@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import math
 import queue
 import threading
@@ -36,24 +35,37 @@ from kubetrain.backends.base import (
 )
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
-from kubetrain.backends.kubernetes.kinds import JOBSET_NAME_LABEL, JobKind
-from kubetrain.backends.kubernetes.launch import is_gang, read_runtime
+from kubetrain.backends.kubernetes.kinds import (
+    JOBSET_NAME_LABEL,
+    REPLICA_TYPE_LABEL,
+    REPLICATED_JOB_LABEL,
+    JobKind,
+)
+from kubetrain.backends.kubernetes.launch import (
+    is_gang,
+    read_runtime,
+    runtime_replicated_job_specs,
+)
 from kubetrain.backends.kubernetes.logs import LogFollower, split_lines
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.backends.kubernetes.pods import (
+    IN_PLACE,
     PodProblem,
     diagnose,
     exit_code,
+    failed_run,
     first_failure,
+    in_place_restart,
     latest_by_node,
     list_job_pods,
     node_statuses,
+    replacement_pod,
+    restart_attempt,
     terminated,
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
 from kubetrain.backends.torchrun_report import first_failure as first_rank_failure
 from kubetrain.errors import KubetrainError
-from kubetrain.render.metadata import SPEC_ANNOTATION
 
 #: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
 TICK_SECONDS = 0.2
@@ -61,6 +73,10 @@ TICK_SECONDS = 0.2
 LOG_DRAIN_SECONDS = 15.0
 #: ... and when the wait fails early (a crash-looping node may keep restarting meanwhile).
 EARLY_FAILURE_DRAIN_SECONDS = 2.0
+#: A Job's backoffLimit when it sets none (kubernetes pkg/apis/batch/v1/defaults.go
+#: SetDefaults_Job), and the phases of the pods whose container restarts it counts.
+DEFAULT_BACKOFF_LIMIT = 6
+JOB_COUNTED_PHASES = ("Running", "Pending")
 #: How long a job may have no pod at all before the wait looks for why: the Trainer reports a
 #: JobSet it cannot build (a name JobSet refuses, a missing PodGroup CRD, a quota) only as a
 #: Warning event on the TrainJob, never as a condition (trainer v2.3.0
@@ -169,8 +185,10 @@ class WaitSession:
         self.no_pods_since: float | None = None
         self.events_due = 0.0
         self.no_pods_warned = False
-        #: The reasons of the pod problems already said (``_problem``).
+        #: The reasons of the pod problems already said (``_problem``), and the failed runs
+        #: said to be restarted: (pod, restart count, reason).
         self.problems_said: set[str] = set()
+        self.restarts_said: set[tuple[str, int, str]] = set()
         self._unschedulable_grace: float | None = None
         self._runtime_object: dict[str, Any] | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
@@ -375,10 +393,12 @@ class WaitSession:
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         expired = None
-        restarts_allowed = self._restarts_allowed()
         for pod in latest_by_node(self.pods.values()).values():
-            problem = diagnose(pod, restarts_allowed)
+            problem = diagnose(pod)
             if problem is None:
+                continue
+            if problem.restartable and (coming := self._restart_coming(pod)) is not None:
+                self._say_restart(pod, problem, coming)
                 continue
             key = (problem.pod, problem.reason)
             seen.add(key)
@@ -456,21 +476,101 @@ class WaitSession:
             why = "the runtime schedules a gang: its pods wait until the whole group fits"
         return f"waiting for it to clear with no time limit ({why}; {option} sets one)"
 
-    def _restarts_allowed(self) -> bool:
-        """Whether the job restarts its nodes after one fails: the spec kubetrain rendered into
-        it asks for restarts, or its runtime's JobSet ``failurePolicy.maxRestarts`` allows
-        them whatever was asked (jobset v0.12.0 restarts the whole set up to it; a KFP run
-        has no max_restarts parameter). Then an out-of-memory kill is the runtime's to
-        restart."""
-        annotations = ((self.job or {}).get("metadata") or {}).get("annotations") or {}
-        try:
-            spec = json.loads(annotations.get(SPEC_ANNOTATION) or "{}")
-        except ValueError:
-            spec = {}
-        if isinstance(spec, dict) and spec.get("max_restarts"):
-            return True
-        policy = ((self._runtime().get("spec") or {}).get("template") or {}).get("spec") or {}
-        return bool((policy.get("failurePolicy") or {}).get("maxRestarts"))
+    def _say_restart(self, pod: V1Pod, problem: PodProblem, coming: str) -> None:
+        """One line per failed run (a pod's container run, counted by its restartCount) that
+        the runtime runs again: no reason to end the wait, the job's own Failed condition
+        says when its restarts run out."""
+        key = (pod.metadata.name, failed_run(pod), problem.reason)
+        if key not in self.restarts_said:
+            self.restarts_said.add(key)
+            self.context.warn(f"kubetrain: {problem.message}; {coming}")
+
+    def _restart_coming(self, pod: V1Pod) -> str | None:
+        """What will run this failed node again, or None when nothing will: the kubelet in
+        place (the pod's ``restartPolicy`` OnFailure or Always; JobSet v0.12.0 defaults a
+        runtime's to OnFailure, ``pkg/webhooks/jobset_webhook.go`` ``Default``) or the Job
+        controller with a new pod (Never) while the Job's ``backoffLimit`` allows (6 when
+        unset: kubernetes ``pkg/apis/batch/v1/defaults.go``), else JobSet restarting every
+        node while its ``failurePolicy.maxRestarts`` allows; for a PyTorchJob, the replica's
+        restartPolicy and ``runPolicy.backoffLimit``. A TrainJob's limits are its runtime's (a
+        TrainJob cannot patch them); one that cannot be read counts as Kubernetes' defaults:
+        the wait then waits for the job's own end rather than end it early."""
+        policy = (pod.spec.restart_policy if pod.spec else None) or "Always"
+        attempt = restart_attempt(pod)
+        pods = [p for p in self.pods.values() if restart_attempt(p) == attempt]
+        if self.kind.backend == "pytorchjob":
+            return self._operator_restart(pod, policy, pods)
+        limit = self._backoff_limit(pod)
+        if policy in IN_PLACE:
+            coming = in_place_restart(
+                pod, pods, limit, JOB_COUNTED_PHASES, "the Job's backoffLimit"
+            )
+        else:
+            coming = replacement_pod(pod, pods, limit)
+        return coming or self._jobset_restart(attempt)
+
+    def _backoff_limit(self, pod: V1Pod) -> int:
+        """The backoffLimit of the Job the pod belongs to: a batch Job's own, or for a
+        TrainJob the runtime's replicated job the pod runs in."""
+        if self.kind.backend == "trainer":
+            name = (pod.metadata.labels or {}).get(REPLICATED_JOB_LABEL)
+            job = next(
+                (j for j in runtime_replicated_job_specs(self._runtime()) if j[0] == name), None
+            )
+            limit = job[1].get("backoffLimit") if job else None
+        else:
+            limit = ((self.job or {}).get("spec") or {}).get("backoffLimit")
+        return DEFAULT_BACKOFF_LIMIT if limit is None else int(limit)
+
+    def _jobset_restart(self, attempt: str) -> str | None:
+        """JobSet restarts every node after a Job fails while ``failurePolicy.maxRestarts``
+        allows (jobset v0.12.0 ``pkg/controllers/failure_policy.go``
+        ``restartJobSetActionApplier``; the pods' restart-attempt label is its
+        ``status.restarts``); a rule whose action ignores the limit always allows one."""
+        if self.kind.backend != "trainer":
+            return None
+        jobset = ((self._runtime().get("spec") or {}).get("template") or {}).get("spec") or {}
+        policy = jobset.get("failurePolicy")
+        if policy is None:
+            return None
+        made = int(attempt) if attempt.isdigit() else 0
+        allowed = int(policy.get("maxRestarts") or 0)
+        unlimited = any(
+            str(rule.get("action", "")).endswith("AndIgnoreMaxRestarts")
+            for rule in policy.get("rules") or []
+        )
+        if unlimited or made < allowed:
+            return (
+                f"JobSet restarts every node (restart {made + 1} of {allowed}, its "
+                "failurePolicy.maxRestarts)"
+            )
+        return None
+
+    def _operator_restart(self, pod: V1Pod, policy: str, pods: list[V1Pod]) -> str | None:
+        """A PyTorchJob's replica restarts as its restartPolicy says (training-operator v1.9.0
+        ``pkg/controller.v1/common/pod.go`` ``ReconcilePods``; ``pkg/core/pod.go``
+        ``SetRestartPolicy`` gives the pod Never for ExitCode): OnFailure and Always in place
+        within ``runPolicy.backoffLimit`` (none when unset), ExitCode with a new pod when the
+        exit code is retryable (128 and above, a signal such as the OOM killer's), Never not
+        at all."""
+        spec = (self.job or {}).get("spec") or {}
+        replica_type = (pod.metadata.labels or {}).get(REPLICA_TYPE_LABEL, "")
+        replica = (spec.get("pytorchReplicaSpecs") or {}).get(replica_type.capitalize()) or {}
+        replica_policy = replica.get("restartPolicy") or policy
+        if replica_policy == "ExitCode":
+            code = exit_code(pod)
+            if code is not None and code >= 128:
+                return (
+                    f"the operator makes a new pod (exit code {code} is retryable under "
+                    "restartPolicy ExitCode)"
+                )
+            return None
+        if replica_policy not in IN_PLACE:
+            return None
+        limit = (spec.get("runPolicy") or {}).get("backoffLimit")
+        return in_place_restart(
+            pod, pods, limit, ("Running",), "the PyTorchJob's runPolicy.backoffLimit"
+        )
 
     def _no_pods_problem(self, now: float) -> PodProblem | None:
         """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read

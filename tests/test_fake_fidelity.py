@@ -393,6 +393,17 @@ def test_reserved_pet_env_is_refused_by_the_webhook(k8s, trainer, custom):
     assert code == 403 and "must not have reserved envs" in status["message"]
 
 
+def test_other_pet_env_is_admitted_and_reaches_the_nodes(k8s, trainer, custom):
+    """constants.go ``TorchRunReservedEnvNames`` lists five names: any other PET_* (torchrun's
+    own options, e.g. PET_MAX_RESTARTS) is the user's and reaches the node processes."""
+    install_runtime(k8s, command=["sh", "-c", 'echo "max=$PET_MAX_RESTARTS rdzv=$PET_RDZV_CONF"'])
+    env = [{"name": "PET_MAX_RESTARTS", "value": "2"}, {"name": "PET_RDZV_CONF", "value": "t=9"}]
+    create(custom, trainjob("petuser", env=env))
+    (pod,) = pods_of(k8s, "petuser", 1)
+    assert finished(k8s, "petuser")["status"]["conditions"][-1]["type"] == "Complete"
+    assert "max=2 rdzv=t=9" in log_of(k8s, pod)
+
+
 @pytest.mark.bad_input
 def test_an_initializer_needs_the_runtimes_initializer_job(k8s, trainer, custom):
     """plugins/jobset/jobset.go ``Validate``: a dataset initializer needs a runtime with a

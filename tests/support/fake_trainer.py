@@ -77,6 +77,12 @@ from tests.support.trainer_build import BuildError, TrainerPods
 
 POLL_SECONDS = 0.05
 TRAINJOBS, JOBS = "trainjobs", "jobs"
+#: The env the torch plugin sets and a TrainJob may not (kubeflow/trainer v2.3.0
+#: pkg/constants/constants.go TorchRunReservedEnvNames ~300); the local run sets its own, and any
+#: other PET_* (PET_MAX_RESTARTS, PET_RDZV_*) reaches torchrun as the pod's env would.
+TORCH_RESERVED_ENV = frozenset(
+    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+)
 TRAINJOB_WEBHOOK = "validator.trainjob.trainer.kubeflow.org"
 #: The recorder name of the TrainJob controller (kubeflow/trainer v2.3.0 pkg/controller/setup.go).
 TRAINJOB_CONTROLLER = "trainer-trainjob-controller"
@@ -123,7 +129,7 @@ def spec_from_trainjob(obj: dict[str, Any], pods: TrainerPods, pod: dict[str, An
         name=obj["metadata"]["name"],
         command=tuple(trainer_build.expand(a, env) for a in container.get("command") or ()),
         args=tuple(trainer_build.expand(a, env) for a in container.get("args") or ()),
-        env={k: v for k, v in env.items() if not k.startswith("PET_")},
+        env={k: v for k, v in env.items() if k not in TORCH_RESERVED_ENV},
         num_nodes=pods.num_nodes,
         procs_per_node=_count(pods.procs_per_node),
     )
@@ -140,7 +146,7 @@ def spec_from_indexed_job(obj: dict[str, Any]) -> TrainJobSpec:
         name=obj["metadata"]["name"],
         command=tuple(container.get("command") or ()),
         args=tuple(container.get("args") or ()),
-        env={k: v for k, v in env.items() if not k.startswith("PET_")},
+        env={k: v for k, v in env.items() if k not in TORCH_RESERVED_ENV},
         num_nodes=_count(env.get("PET_NNODES"), obj["spec"].get("completions") or 1),
         procs_per_node=_count(env.get("PET_NPROC_PER_NODE")),
     )
@@ -555,13 +561,7 @@ class FakeTrainer(FakeController):
             )
         reserved = sorted(
             {e.get("name") for e in (spec.get("trainer") or {}).get("env") or []}
-            & {
-                "PET_NNODES",
-                "PET_NPROC_PER_NODE",
-                "PET_NODE_RANK",
-                "PET_MASTER_ADDR",
-                "PET_MASTER_PORT",
-            }
+            & TORCH_RESERVED_ENV
         )
         problems = trainer_build.initializer_errors(trainjob, runtime)
         if problems:

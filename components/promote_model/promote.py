@@ -48,13 +48,14 @@ class PromotedModel:
     pointer: str
 
 
-def location(text: str, field: str, forms: str) -> storage.Location:
+def location(text: str, field: str, forms: str, writable: bool = False) -> storage.Location:
     """A model or registry as promote reads or writes it: a local Path (a plain path or a
     ``file://`` URL) or an fsspec URL without its trailing slash; refused in one line when
-    empty (``forms`` says what to give), or when its protocol is unknown or not installed."""
+    empty (``forms`` says what to give), when it names no place, when its protocol is unknown
+    or not installed, or (``writable``) when its filesystem can only be read."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput(field, "is empty", f"give {forms}")
-    storage.check_location(text, field)
+    (storage.check_writable if writable else storage.check_location)(text, field)
     if storage.is_local(text):
         return storage.local_path(text, field).expanduser()
     return text.rstrip("/")
@@ -68,8 +69,9 @@ def check_outlives_run(registry: str, run_claim_mount: str, field: str = "regist
     ARGO_REMOVE_PVC_PROTECTION_FINALIZER=false), and every version with it."""
     if not run_claim_mount or not storage.is_local(registry):
         return
-    path = PurePosixPath(os.path.abspath(storage.local_path(registry, field).expanduser()))
-    mount = PurePosixPath(os.path.abspath(run_claim_mount))
+    # Resolved: a symlink into the claim is on the claim.
+    path = PurePosixPath(os.path.realpath(storage.local_path(registry, field).expanduser()))
+    mount = PurePosixPath(os.path.realpath(run_claim_mount))
     if path == mount or mount in path.parents:
         raise InvalidInput(
             field,
@@ -115,7 +117,7 @@ def promote_model(
     it; both may be local or URLs. ``run_claim_mount``: the mount of a claim deleted with the
     run, where no registry may be (see :func:`check_outlives_run`)."""
     model = location(model_dir, "model", MODEL_FORMS)
-    registry = location(registry_dir, "registry", REGISTRY_FORMS)
+    registry = location(registry_dir, "registry", REGISTRY_FORMS, writable=True)
     check_outlives_run(registry_dir, run_claim_mount)
     validate_version(version)
     validate_accuracy(accuracy)

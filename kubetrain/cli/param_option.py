@@ -91,6 +91,17 @@ def _text(rule: Callable[[str, str], object], example: str, optional: bool = Fal
     return Rule(check, example)
 
 
+def _object_name(example: str, optional: bool = False) -> Rule:
+    """An object's name (DNS-1123 subdomain), its fix naming an example of this parameter's
+    kind (a claim, an account...), not the rule's generic one."""
+
+    def check(text: str, field: str) -> object:
+        fix = f"use lowercase letters, digits, '-' and '.' (at most 253), e.g. {example}"
+        return rules.dns1123_subdomain(text, field, fix)
+
+    return _text(check, example, optional)
+
+
 def _one_of(*choices: str) -> Rule:
     return _text(lambda text, field: rules.one_of(text, field, choices), choices[0])
 
@@ -130,18 +141,18 @@ VALUE_RULES: dict[str, Rule] = {
     "strategy": _one_of(*STRATEGIES),
     "backend": _one_of(*BACKENDS),
     "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
-    "runtime": _text(rules.dns1123_subdomain, DEFAULT_RUNTIME),
+    "runtime": _object_name(DEFAULT_RUNTIME),
     # Empty: the namespace the step's pod runs in (the run's).
     "namespace": _text(rules.namespace, "default", optional=True),
     "cpu": _text(rules.quantity, "2", optional=True),
     "memory": _text(rules.quantity, "4Gi", optional=True),
-    "service_account": _text(rules.dns1123_subdomain, "kubetrain", optional=True),
-    "storage_secret": _text(rules.dns1123_subdomain, "kubetrain-storage", optional=True),
-    "shared_pvc": _text(rules.dns1123_subdomain, "kubetrain-shared", optional=True),
+    "service_account": _object_name("kubetrain", optional=True),
+    "storage_secret": _object_name("kubetrain-storage", optional=True),
+    "shared_pvc": _object_name("kubetrain-shared", optional=True),
     "checkpoint_dir": _text(_location, "/mnt/shared/checkpoints", optional=True),
     "storage": _text(_location, "s3://bucket/runs", optional=True),
     # Argo's promote step: the lasting claim it mounts, and the registry (a folder or a URL).
-    "registry_pvc": _text(rules.dns1123_subdomain, "kubetrain-shared"),
+    "registry_pvc": _object_name("kubetrain-shared"),
     "model_registry": _text(_location, "/mnt/registry-pvc/registry", optional=True),
     # Other steps' parameters.
     "seed": _whole(0, "0", high=2**32 - 1),

@@ -269,7 +269,7 @@ def registry_location(args: argparse.Namespace) -> str:
 
     if args.registry is None:
         return str((args.output / "registry").resolve())
-    registry = location(args.registry, "--registry", REGISTRY_FORMS)
+    registry = location(args.registry, "--registry", REGISTRY_FORMS, writable=True)
     return str(registry.resolve()) if isinstance(registry, Path) else registry
 
 

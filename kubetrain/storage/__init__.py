@@ -69,13 +69,45 @@ def resolve(location: Location, field: str = "path") -> tuple[AbstractFileSystem
         ) from exc
 
 
+#: Object stores whose URL's first segment is the bucket: ``s3:///models`` names none.
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+#: fsspec filesystems that read only (their writes raise NotImplementedError).
+_READ_ONLY_PROTOCOLS = frozenset(
+    {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference"}
+)
+
+
 def check_location(location: Location, field: str = "path") -> None:
-    """Refuse an unusable location before any work: a bad file URL, an unknown protocol or a
-    filesystem whose package is not installed (a local path needs no fsspec)."""
+    """Refuse an unusable location before any work: a bad file URL, a URL that names no place
+    (``s3://``, ``s3:///x``, ``memory://``), an unknown protocol or a filesystem whose package
+    is not installed (a local path needs no fsspec)."""
     if is_local(location):
         local_path(location, field)
-    else:
-        resolve(location, field)
+        return
+    text = os.fspath(location)
+    protocol, separator, rest = text.partition("://")
+    if separator and (
+        not rest.strip("/") or (protocol.lower() in _BUCKET_PROTOCOLS and rest.startswith("/"))
+    ):
+        raise InvalidInput(
+            field,
+            f"{text!r} names no {'bucket' if protocol.lower() in _BUCKET_PROTOCOLS else 'path'}",
+            f"give the place, e.g. {protocol}://bucket/prefix",
+        )
+    resolve(location, field)
+
+
+def check_writable(location: Location, field: str = "path") -> None:
+    """Refuse a location on a filesystem fsspec can only read (``http://``, ``zip://``...),
+    before anything is read or written there; then :func:`check_location`."""
+    protocol = protocol_of(os.fspath(location))
+    if protocol in _READ_ONLY_PROTOCOLS:
+        raise InvalidInput(
+            field,
+            f"{os.fspath(location)!r}: {protocol}:// can be read but not written",
+            "give a folder or a writable URL, e.g. s3://bucket/models",
+        )
+    check_location(location, field)
 
 
 def check_protocol(location: Location, field: str = "path") -> None:

@@ -211,12 +211,6 @@ def test_1f_promote_refuses_an_unknown_protocol_naming_the_registry(models, tmp_
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: `kubetrain promote --registry s3://` (no bucket) exits 0, printing "
-    "'promoted v1 (sha256 …) to s3:/v1', and writes a LOCAL folder ./s3:/v1 with the model "
-    "and ./s3:/PROMOTED in the working directory instead of refusing the registry",
-)
 def test_1g_an_s3_url_without_a_bucket_is_refused_not_written_to_a_local_folder(
     models, tmp_path, capsys, monkeypatch
 ):
@@ -228,13 +222,6 @@ def test_1g_an_s3_url_without_a_bucket_is_refused_not_written_to_a_local_folder(
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: `kubetrain promote --registry http://example.invalid/models` (an fsspec "
-    "protocol that cannot write) ends 'kubetrain promote: error: internal error "
-    "(NotImplementedError: NotImplementedError); this is a bug in kubetrain' with exit 1, "
-    "not a one-line refusal naming the registry with exit 2",
-)
 def test_1h_a_read_only_fsspec_registry_is_refused_naming_the_registry(models, capsys):
     code, out, err = promote(capsys, models["a"], "http://example.invalid/models", "v1")
     assert code == 2
@@ -242,13 +229,6 @@ def test_1h_a_read_only_fsspec_registry_is_refused_naming_the_registry(models, c
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: `kubetrain promote --registry s3:///models` (empty bucket) with working "
-    "S3 keys ends in 'kubetrain promote: error: internal error (FileNotFoundError: The "
-    "specified bucket does not exist); this is a bug in kubetrain' with exit 1, not a "
-    "one-line refusal naming the registry with exit 2",
-)
 def test_1i_an_s3_url_with_an_empty_bucket_is_refused_naming_the_registry(models, s3_env, capsys):
     code, out, err = promote(capsys, models["a"], "s3:///models", "v1")
     assert code == 2
@@ -310,13 +290,6 @@ def test_1l_submit_argo_refuses_a_registry_pvc_that_is_no_claim_name(argo, capsy
 
 @pytest.mark.bad_input
 @pytest.mark.filterwarnings("ignore:The `json` method is deprecated")
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: the refusal of a bad registry_pvc ends its fix with 'e.g. my-secret' "
-    "(\"--param registry_pvc: 'Team_Registry' is not a DNS-1123 subdomain; use lowercase "
-    "letters, digits, '-' and '.' (at most 253), e.g. my-secret\"): the example names a "
-    "Secret where a PersistentVolumeClaim is asked for",
-)
 def test_1l2_the_registry_pvc_refusals_fix_names_a_claim_not_a_secret(argo, capsys):
     code, out, err = run_cli(["submit", "argo", "--host", argo.url,
                               "--param", "registry_pvc=Team_Registry"], capsys)  # fmt: skip
@@ -530,12 +503,6 @@ def test_4b_a_version_never_leaves_an_s3_registry(models, s3_env, capsys, versio
 
 
 @pytest.mark.security
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: --run-claim-mount CLAIM with --registry LINK/registry, where LINK is a "
-    "symlink to CLAIM, is promoted (exit 0, the version lands on the run's claim) instead "
-    "of refused: the check compares path strings, not the resolved folder",
-)
 def test_4c_a_symlink_into_the_run_claim_is_refused(models, tmp_path, capsys):
     claim = tmp_path / "claim"
     claim.mkdir()
@@ -919,6 +886,13 @@ def test_6f_trainjob_pods_carry_the_opt_out_and_pet_max_restarts_reaches_them(
         metadata = node["template"]["spec"]["template"]["metadata"]
         assert metadata["annotations"][ISTIO] == "false", name
         assert (metadata["labels"].get(ISTIO) == "true") is (name == "labelled"), name
+        pods = [
+            pod
+            for pod in k8s.emulator.list("pods")
+            if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
+        ]
+        assert pods, name  # the pods JobSet made carry the merged template's annotation
+        assert all(pod["metadata"]["annotations"][ISTIO] == "false" for pod in pods), name
 
 
 def test_6g_argo_workflow_promotes_off_the_run_claim_and_the_template_on_its_claim():

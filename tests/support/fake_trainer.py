@@ -211,8 +211,15 @@ class _Run(threading.Thread):
     def _create_pod(self, rank: int, image: str) -> dict[str, Any]:
         """Node ``rank``'s pod, as JobSet's Job or the Job controller creates it, Pending."""
         if self.built is None:
+            template = self.obj["spec"]["template"].get("metadata") or {}
             pod = objects.node_pod(
-                self.name, rank, namespace=self.namespace, kind="job", image=image, owner=self.obj
+                self.name,
+                rank,
+                namespace=self.namespace,
+                kind="job",
+                image=image,
+                owner=self.obj,
+                pod_annotations=template.get("annotations"),
             )
         else:
             pod = objects.node_pod(
@@ -223,6 +230,7 @@ class _Run(threading.Thread):
                 owner=self.obj,
                 pod_spec=self.built.pod_spec,
                 pod_labels=self.built.pod_labels,
+                pod_annotations=self.built.pod_annotations,
                 replicated_job=self.built.replicated_job,
                 restart_attempt=self.jobset_restarts,
             )

@@ -275,15 +275,16 @@ def node_pod(
     name: str = "",
     pod_spec: dict[str, Any] | None = None,
     pod_labels: dict[str, str] | None = None,
+    pod_annotations: dict[str, str] | None = None,
     replicated_job: str = NODE_CONTAINER,
     restart_attempt: int = 0,
 ) -> dict[str, Any]:
     """Node ``index`` of a job as its controller creates it: a Pending pod with the labels
     JobSet (``kind="trainer"``; jobset v0.12.0 ``pkg/controllers/jobset_controller.go``
     ``labelAndAnnotateObject``: ``restart-attempt`` is the JobSet's ``status.restarts`` when
-    its Job was made) or the Job controller (``kind="job"``) put on it. ``pod_spec`` and
-    ``pod_labels`` are the template's (the fake Trainer's merged one), else a bare ``node``
-    container running ``image``."""
+    its Job was made) or the Job controller (``kind="job"``) put on it. ``pod_spec``,
+    ``pod_labels`` and ``pod_annotations`` are the template's (the fake Trainer's merged one,
+    or the Job's), else a bare ``node`` container running ``image``."""
     suffix = secrets.token_hex(3)[:5]
     if kind == "trainer":
         job_name = f"{job}-{replicated_job}-0"
@@ -308,7 +309,7 @@ def node_pod(
         "name": pod_name,
         "namespace": namespace,
         "labels": labels,
-        "annotations": {COMPLETION_INDEX: str(index)},
+        "annotations": {**(pod_annotations or {}), COMPLETION_INDEX: str(index)},
     }
     if owner is not None:
         metadata["ownerReferences"] = [owner_reference(owner)]

@@ -86,6 +86,7 @@ class TrainerPods:
 
     pod_spec: dict[str, Any]
     pod_labels: dict[str, str]
+    pod_annotations: dict[str, str]
     replicated_job: str
     num_nodes: int
     procs_per_node: str
@@ -325,6 +326,7 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
     return TrainerPods(
         pod_spec=pod_spec,
         pod_labels=dict((pod_template.get("metadata") or {}).get("labels") or {}),
+        pod_annotations=dict((pod_template.get("metadata") or {}).get("annotations") or {}),
         replicated_job=found["name"],
         num_nodes=num_nodes,
         procs_per_node=procs,

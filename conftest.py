@@ -165,6 +165,14 @@ def k8s() -> Iterator[Cluster]:
             api_client.close()
 
 
+@pytest.fixture
+def kubeconfig(k8s: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """``k8s``, with KUBECONFIG pointing at it: for the code that loads the kubeconfig itself
+    (the KFP components, the CLI)."""
+    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
+    return k8s
+
+
 @pytest.fixture(scope="module")
 def s3(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A moto S3 server for the test module, with the module's ``BUCKET`` created."""

@@ -629,11 +629,6 @@ def test_an_oom_kill_with_restarts_allowed_is_left_to_the_runtime(k8s, asked: in
 
 
 # ------------------------------------------------------ 5, 18, 11: the KFP components
-@pytest.fixture
-def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
-
-
 @pytest.mark.usefixtures("kubeconfig")
 def test_the_exit_handler_ignores_a_run_whose_launch_created_nothing(k8s, capsys) -> None:
     status = types.SimpleNamespace(state="FAILED")

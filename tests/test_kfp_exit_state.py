@@ -94,11 +94,6 @@ def test_a_failed_child_fails_its_dag_and_the_dags_above() -> None:
 
 
 # ------------------------------------------------- the exit handler against each outcome
-@pytest.fixture
-def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
-
-
 def job_in_state(k8s, state: str) -> str:
     """The run's TrainJob, as launch created it, then left ``state`` by the run."""
     name = derive_job_name(RUN)

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save, save_file
 from torch import nn
 
-from kubetrain.cli import main
+from tests.support.processes import kubetrain_in_process as run_cli
 from tests.support.seed_script import NETDEF
 
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
@@ -65,17 +65,6 @@ def lightning_ckpt(state_dict: dict, **extra) -> dict:
 
 def prefixed(prefix: str, seed: int = 0) -> dict[str, torch.Tensor]:
     return {prefix + key: value for key, value in model_sd(seed).items()}
-
-
-def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    """``kubetrain ARGS`` in process: (exit code, stdout, stderr without warning lines)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    out, err = capsys.readouterr()
-    err = "\n".join(line for line in err.splitlines() if "Warning" not in line)
-    return code or 0, out, err
 
 
 class Collected:

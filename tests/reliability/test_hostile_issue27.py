@@ -36,6 +36,7 @@ from torch import nn
 
 from kubetrain.cli import main
 from tests.support import objects
+from tests.support.processes import kubetrain_in_process as run_cli
 from tests.support.processes import run_kubetrain
 from tests.test_kubernetes_backend import complete, make_spec, node_pod, set_container
 
@@ -48,17 +49,6 @@ RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADD
 
 
 # ------------------------------------------------------------------------------- helpers
-def run_cli(args: list[Any], capsys) -> tuple[int, str, str]:
-    """``kubetrain ARGS`` in process: (exit code, stdout, stderr without warning lines)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    out, err = capsys.readouterr()
-    err = "\n".join(line for line in err.splitlines() if "Warning" not in line)
-    return code or 0, out, err
-
-
 def one_line(err: str, prog: str, *needles: str) -> str:
     """The single error line ``PROG: error: ...`` naming each needle."""
     lines = [line for line in err.splitlines() if line.strip()]
@@ -106,12 +96,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
         made[name] = root / name
     assert card_sha(made["a"]) != card_sha(made["b"])
     return made
-
-
-@pytest.fixture
-def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
-    return k8s
 
 
 def render(capsys, kind: str, *args: str) -> list[dict]:

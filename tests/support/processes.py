@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -88,3 +89,17 @@ def run_kubetrain(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def kubetrain_in_process(args: list[Any], capsys: Any) -> tuple[int, str, str]:
+    """``kubetrain ARGS`` in this process, as the console script runs it: (exit code, stdout,
+    stderr without warning lines)."""
+    from kubetrain.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    out, err = capsys.readouterr()
+    err = "\n".join(line for line in err.splitlines() if "Warning" not in line)
+    return code or 0, out, err

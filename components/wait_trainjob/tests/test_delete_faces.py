@@ -6,7 +6,6 @@ claim Argo deletes after the exit handler)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -19,11 +18,6 @@ from tests.test_kubernetes_backend import complete, make_spec, node_pod, set_con
 
 RUN = "kubetrain-training-abcde"
 INPUT = re.compile(r"\{\{inputs\.parameters\.([a-z_]+)\}\}")
-
-
-@pytest.fixture
-def kubeconfig(k8s, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(k8s.emulator.write_kubeconfig(tmp_path / "config")))
 
 
 def runs_job(k8s, complete_it: bool) -> str:

@@ -401,11 +401,6 @@ E2E_RUNS: dict[str, dict[str, str]] = {
     "below-threshold": {"epochs": "1", "accuracy_threshold": "0.999"},
     "prep-fails": {"dataset_source": "sklearn:nope"},
     "wait-times-out": {"wait_timeout_seconds": "1"},
-    "registry-on-run-claim": {
-        "epochs": "1",
-        "accuracy_threshold": "0",
-        "model_registry": "/mnt/shared/registry",
-    },
     **{
         f"own-program-{form}": {
             "your_program": form,
@@ -497,18 +492,6 @@ def test_training_workflow_trains_evaluates_and_promotes(e2e_runs: dict[str, Fut
     assert not (run.workdir / "volumes" / f"{run.name}-shared").exists()
     assert read_model_card(version)["sha256"] == pointer["sha256"]
     assert json.loads((registry(run) / "PROMOTED").read_text())["version"] == run.name
-
-
-def test_training_workflow_refuses_a_registry_on_the_run_claim(e2e_runs: dict[str, Future]):
-    """Issue 27 (3): promoted there, the model would go with the claim when the run succeeds
-    (`kubetrain submit argo` refuses it before the run; `argo submit -p` does not)."""
-    run = e2e_runs["registry-on-run-claim"].result()
-    assert run.phase == "Failed", describe(run)
-    promote = run.nodes["promote"]
-    assert (promote.phase, promote.exit_code, promote.attempts) == ("Failed", 2, 1), promote.log
-    (line,) = [line for line in promote.log.splitlines() if "error" in line]
-    assert line.startswith("kubetrain promote: error: registry: /mnt/shared/registry is on ")
-    assert not (run.workdir / "volumes" / f"{run.name}-shared" / "registry").exists()
 
 
 @pytest.mark.parametrize("form", END_TO_END_SAVES)

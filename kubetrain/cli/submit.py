@@ -127,8 +127,7 @@ def parse_arguments(pairs: list[str], declared: dict[str, str]) -> dict[str, obj
 
 
 def run_kfp(args: argparse.Namespace) -> int:
-    from kfp import Client
-
+    from kubetrain.backends.http_clients import ServerSilent, http_timeout, kfp_client
     from kubetrain.cli.compile import package_dir
 
     package = args.package or package_dir("kubetrain.pipelines") / "compiled" / (
@@ -144,8 +143,9 @@ def run_kfp(args: argparse.Namespace) -> int:
             "give a ServiceAccount's name, e.g. kubetrain",
         )
     arguments = parse_arguments(args.param, pipeline_parameters(package))
+    http_timeout()  # a bad KUBETRAIN_HTTP_TIMEOUT_SECONDS is refused here, as bad input
     try:
-        client = Client(host=args.host, namespace=args.namespace)
+        client = kfp_client(args.host, args.namespace)
         result = client.create_run_from_pipeline_package(
             str(package),
             arguments=arguments,
@@ -156,6 +156,8 @@ def run_kfp(args: argparse.Namespace) -> int:
             # template/template.go setDefaultServiceAccount)
             service_account=args.service_account or None,
         )
+    except ServerSilent as exc:
+        raise KubetrainError(f"could not create the run: {exc}") from None
     except Exception as exc:  # the KFP client raises many kinds; report them as one line
         raise KubetrainError(f"could not create the run on {args.host}: {exc}") from exc
     print(f"run {result.run_id} created on {args.host}")

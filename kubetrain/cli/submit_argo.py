@@ -274,17 +274,13 @@ class ArgoClient:
     the status and the server's message (never the token)."""
 
     def __init__(self, host: str, token: str | None, verify: bool, namespace: str) -> None:
-        import requests
-        from hera.workflows.service import WorkflowsService
+        from kubetrain.backends.http_clients import argo_workflows_service
 
         self.host, self.namespace = host.rstrip("/"), namespace
         self.secret = token.split()[-1] if token else None
         self.last: requests.Response | None = None
-        session = requests.Session()
-        session.hooks["response"].append(self._remember)
-        self.service = WorkflowsService(
-            host=host, token=token, verify_ssl=verify, namespace=namespace, session=session
-        )
+        self.service = argo_workflows_service(host, token, verify, namespace)
+        self.service.session.hooks["response"].append(self._remember)
 
     def _remember(self, response: requests.Response, *args: object, **kwargs: object) -> None:
         self.last = response
@@ -293,9 +289,13 @@ class ArgoClient:
         """``method(*args, **kwargs)``; ``what`` ("create the workflow") names it in errors."""
         import requests
 
+        from kubetrain.backends.http_clients import ServerSilent
+
         self.last = None
         try:
             return method(*args, **kwargs)
+        except ServerSilent as exc:
+            raise self._error(f"could not {what}: {exc}") from None
         except requests.exceptions.SSLError:
             raise self._error(
                 f"could not {what}: TLS with {self.host} failed; pass --insecure for a "

@@ -17,6 +17,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
+from kubetrain.backends.http_clients import ServerSilent, kubernetes_api_client
 from kubetrain.errors import KubetrainError, reading
 from kubetrain.user_files import MIB, check_regular_file
 
@@ -213,7 +214,8 @@ def call_with_retries(
     **kwargs: Any,
 ) -> T:
     """``fn(*args, **kwargs)``, retried on 5xx/429 and dropped connections; API errors are
-    raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError.
+    raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError, a server
+    silent past the timeout at once as ``ServerSilent`` (kubetrain.backends.http_clients).
 
     A DELETE that answers 404 after an attempt that failed in transit is a success: the
     earlier attempt deleted the object and its answer was lost (returns None)."""
@@ -238,6 +240,8 @@ def call_with_retries(
                     "the API server is unhealthy or overloaded: try again later"
                 ) from None
             raise translate(exc, action) from None
+        except ServerSilent as exc:
+            raise exc.asked_to(action) from None
         except TRANSIENT_ERRORS as exc:
             delay = next(delays, None)
             if delay is not None:
@@ -298,7 +302,8 @@ def resolve_namespace(
 
 def load_api_client() -> kubernetes.client.ApiClient:
     """A client for the cluster we run in (a pod's ServiceAccount), else for $KUBECONFIG or
-    ~/.kube/config. An explicit KUBECONFIG wins over the in-cluster config."""
+    ~/.kube/config. An explicit KUBECONFIG wins over the in-cluster config. Its requests have
+    timeouts (kubetrain.backends.http_clients)."""
     config = kubernetes.client.Configuration()
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     try:
@@ -324,4 +329,4 @@ def load_api_client() -> kubernetes.client.ApiClient:
     # We retry ourselves (every method, with backoff); urllib3's own retries would hide
     # dropped connections on GET and never retry a POST.
     config.retries = False
-    return kubernetes.client.ApiClient(config)
+    return kubernetes_api_client(config)

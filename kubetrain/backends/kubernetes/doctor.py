@@ -110,11 +110,13 @@ def _operator_image(api_client) -> str:
     from kubernetes.client import AppsV1Api
     from kubernetes.client.rest import ApiException
 
+    from kubetrain.backends.http_clients import ServerSilent
+
     try:
         listing = AppsV1Api(api_client).list_deployment_for_all_namespaces(
             label_selector=OPERATOR_SELECTOR, _request_timeout=10
         )
-    except (ApiException, OSError):
+    except (ApiException, OSError, ServerSilent):
         return ""
     images = [
         container.image

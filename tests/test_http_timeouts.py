@@ -23,11 +23,11 @@ import yaml
 
 from kubetrain.backends.http_clients import TIMEOUT_ENV, ServerSilent, kubernetes_api_client
 
-TIMEOUT = 2
+TIMEOUT = 1
 #: A hang is a failure after this long (the commands themselves take a few seconds to start).
 HARD_LIMIT = 60
 #: What a silent or dripping server must make every command say.
-SILENT = "did not answer within 2s"
+SILENT = f"did not answer within {TIMEOUT}s"
 
 
 class QuietServer:
@@ -68,7 +68,7 @@ class QuietServer:
             connection.close()
 
 
-@pytest.fixture(params=[None, 1.0], ids=["silent", "dripping"])
+@pytest.fixture(params=[None, TIMEOUT / 4], ids=["silent", "dripping"])
 def quiet_server(request: pytest.FixtureRequest) -> Iterator[QuietServer]:
     server = QuietServer(request.param)
     yield server

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shutil
 from pathlib import Path
 
 from kubetrain import rules
@@ -75,6 +77,37 @@ def compile_all(components_dir: Path, pipelines_dir: Path, storage_secret: str =
     return written
 
 
+def compile_into(output_dir: Path, storage_secret: str = "") -> list[Path]:
+    """``compile_all`` into a staging folder beside ``output_dir``, moved into place only once
+    every file compiled: a compile that fails leaves ``output_dir`` as it was. A new folder is
+    renamed into place whole; in an existing one (``.`` in a source checkout, with the sources
+    beside) each file is replaced whole, its other files left alone."""
+    from kubetrain.storage.atomic import (
+        fsync_dir,
+        fsync_tree,
+        open_to_umask,
+        publish_dir,
+        staging_dir,
+    )
+
+    staged = staging_dir(output_dir)
+    try:
+        written = compile_all(staged / "components", staged / "pipelines", storage_secret)
+        if not output_dir.exists():
+            publish_dir(staged, output_dir)
+        else:
+            open_to_umask(staged)
+            fsync_tree(staged)
+            for path in written:
+                target = output_dir / path.relative_to(staged)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return [output_dir / path.relative_to(staged) for path in written]
+
+
 def argo_yaml(kind: str) -> str:
     """The training workflow as Argo YAML (``argo submit`` / ``argo template create``)."""
     from kubetrain.pipelines.training_workflow import build_training_workflow
@@ -122,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             args.storage_secret, "--storage-secret", "give the name of a Secret, e.g. s3-creds"
         )
     output_dir = args.output_dir.absolute()
-    written = compile_all(output_dir / "components", output_dir / "pipelines", args.storage_secret)
+    written = compile_into(output_dir, args.storage_secret)
     for path in written:
         print(f"wrote {path}")
     print(f"compiled {len(written)} files under {output_dir}")

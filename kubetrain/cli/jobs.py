@@ -110,13 +110,18 @@ def run_list(args: argparse.Namespace) -> int:
     if args.backend == "local":
         from kubetrain.backends.local.listing import list_local_jobs
 
-        rows, where = list_local_jobs(backend.root), f"under {backend.root}"
+        rows = list_local_jobs(backend.root, _tell_unreadable)
+        where = f"under {backend.root}"
     else:
         rows, where = backend.list_jobs(), f"in namespace {backend.namespace}"
     print(job_table(rows, sys.stdout), end="")
     if not rows:
         print(f"no {args.backend} jobs {where}", file=sys.stderr)
     return 0
+
+
+def _tell_unreadable(name: str, why: str) -> None:
+    print(f"{name}: unreadable: {why}", file=sys.stderr)
 
 
 def job_table(rows: list[JobRow], stream: TextIO) -> str:
@@ -147,6 +152,10 @@ def age(seconds: float) -> str:
 def run_logs(args: argparse.Namespace) -> int:
     from kubetrain.components._shared.progress_display import LIVE, PLAIN, ProgressDisplay
 
+    if args.node is not None and args.node < 0:
+        raise InvalidInput(
+            "--node", f"{args.node} is below 0", "give a node index from 0 (node 0 holds rank 0)"
+        )
     backend = get_backend(args.backend, backend_options(args))
     lines = backend.logs(args.name, node=args.node, follow=args.follow)
     if args.raw:

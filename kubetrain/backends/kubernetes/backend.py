@@ -55,7 +55,7 @@ from kubetrain.backends.kubernetes.launch import (
     require_pytorchjob_api,
     trainer_version,
 )
-from kubetrain.backends.kubernetes.logs import split_lines
+from kubetrain.backends.kubernetes.logs import check_node, split_lines
 from kubetrain.backends.kubernetes.objects import KubeObjects
 from kubetrain.backends.kubernetes.owner import find_owner
 from kubetrain.backends.kubernetes.pods import (
@@ -407,10 +407,10 @@ class KubernetesBackend:
         return list(split_lines([response.data]))
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
+        check_node(node, self._node_count(name), name)  # reads the job: JobNotFound first
         if follow:
             yield from self._follow_logs(name, node)
             return
-        self.get_job(name)
         pods = latest_by_node(self.list_pods(name))
         if node is not None and node not in pods:
             raise KubetrainError(

@@ -32,7 +32,7 @@ from kubetrain.backends.kubernetes.client import (
 )
 from kubetrain.backends.kubernetes.kinds import NODE
 from kubetrain.backends.kubernetes.pods import instance, started, terminated
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import InvalidInput, KubetrainError
 
 #: How long a stream that ended while the pod still shows its container running waits for
 #: the pod watch to say why, before reconnecting.
@@ -71,6 +71,17 @@ class LineSplitter:
         self._pending = []
         self.copied += len(tail)
         return [_text(tail)]
+
+
+def check_node(node: int | None, count: int, job: str) -> None:
+    """``--node`` names one of the job's ``count`` nodes: a node the job does not have would
+    get no pod, and a follower waiting for its pod would wait in silence."""
+    if node is not None and not 0 <= node < count:
+        raise InvalidInput(
+            "--node",
+            f"job {job} has {count} node(s), so no node {node}",
+            f"give 0 to {count - 1}, or leave --node out for every node",
+        )
 
 
 def _text(line: bytes) -> str:

@@ -9,7 +9,6 @@ pipeline step does.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -29,7 +28,9 @@ from kubetrain.backends.local.files import (
     KEEP_FILES_ENV,
     local_root,
     node_log,
+    read_record,
     read_status,
+    recorded_nodes,
     write_status,
 )
 from kubetrain.backends.local.log_tail import LogTail
@@ -216,6 +217,13 @@ class LocalBackend:
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
         job_dir = self.existing_job_dir(name)
+        count = recorded_nodes(job_dir)
+        if node is not None and count is not None and not 0 <= node < count:
+            raise InvalidInput(
+                "--node",
+                f"job {name} has {count} node(s), so no node {node}",
+                f"give 0 to {count - 1}, or leave --node out for every node",
+            )
         status = read_status(job_dir)
         ranks = [node] if node is not None else [n.rank for n in status.nodes] or [0]
         tails = {rank: LogTail(node_log(job_dir, rank)) for rank in ranks}
@@ -269,7 +277,7 @@ START_SECONDS = 30.0
 def _supervisor_record(job_dir: Path) -> dict[str, Any]:
     """``supervisor.json`` ({"pid", "job_id"}); an unreadable or foreign one is empty."""
     try:
-        record = json.loads((job_dir / SUPERVISOR_FILE).read_text())
+        record = read_record(job_dir / SUPERVISOR_FILE)
     except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -303,7 +311,7 @@ def _job_id(job_dir: Path) -> str:
     """The job's identity, from ``job.json`` or, when that is unreadable, ``supervisor.json``
     (so a job with a corrupt record can still be stopped and deleted); "" when neither says."""
     try:
-        job_id = json.loads((job_dir / "job.json").read_text())["id"]
+        job_id = read_record(job_dir / "job.json")["id"]
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         job_id = _supervisor_record(job_dir).get("job_id")
     return job_id if isinstance(job_id, str) else ""

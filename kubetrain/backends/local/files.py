@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
+from typing import Any
 
 from kubetrain.backends.base import JobStatus
 from kubetrain.storage import atomic
@@ -34,8 +36,28 @@ def node_log(job_dir: Path, rank: int) -> Path:
     return job_dir / f"node-{rank}.log"
 
 
+def read_record(path: Path) -> Any:
+    """A JSON record of the job folder. Opened without blocking and read only when it is a
+    regular file: a FIFO or a device put in its place would hang every reader
+    (`kubetrain list` included); it is an OSError, as an unreadable record is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        return json.loads(handle.read())
+
+
 def read_status(job_dir: Path) -> JobStatus:
-    return JobStatus.from_dict(json.loads((job_dir / "status.json").read_text()))
+    return JobStatus.from_dict(read_record(job_dir / "status.json"))
+
+
+def recorded_nodes(job_dir: Path) -> int | None:
+    """``spec.num_nodes`` of ``job.json``, as launch wrote it; None when unreadable."""
+    try:
+        nodes = read_record(job_dir / "job.json")["spec"]["num_nodes"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return None
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 
 
 def write_status(job_dir: Path, status: JobStatus) -> None:

@@ -3,43 +3,61 @@
 
 from __future__ import annotations
 
-import json
+import math
 import os
+import stat
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 from kubetrain.backends.base import JobRow
 from kubetrain.backends.local.backend import LocalBackend
+from kubetrain.backends.local.files import read_status, recorded_nodes
 from kubetrain.errors import KubetrainError
 
 #: A job folder whose status.json cannot be read (being replaced, or damaged).
 UNKNOWN = "Unknown"
 
 
-def list_local_jobs(root: str | os.PathLike[str] | None = None) -> list[JobRow]:
-    """Every folder under the root holding a ``status.json``, by name. The state is what
-    ``LocalBackend.status`` says, so a job whose supervisor died shows Failed, not Running."""
+def list_local_jobs(
+    root: str | os.PathLike[str] | None = None,
+    on_unreadable: Callable[[str, str], None] | None = None,
+) -> list[JobRow]:
+    """Every folder under the root holding a regular ``status.json``, by name. The state is
+    what ``LocalBackend.status`` says, so a job whose supervisor died shows Failed, not
+    Running. A job whose records cannot be read (damaged, a field of the wrong type, a FIFO in
+    place of a file) is listed Unknown and told to ``on_unreadable(name, why)``: one bad
+    folder never hides the others."""
     backend = LocalBackend(root)
     if not backend.root.is_dir():
         return []
     now = time.time()
     rows = []
     for job_dir in sorted(backend.root.iterdir()):
-        if not (job_dir / "status.json").is_file():
+        try:
+            status_file = (job_dir / "status.json").stat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(status_file.st_mode):
             continue
         try:
+            _check_created_at(read_status(job_dir).created_at)
             status = backend.status(job_dir.name)
             state, created_at = status.state, status.created_at
-        except (KubetrainError, OSError, ValueError, TypeError):  # a name or record not ours
-            state, created_at = UNKNOWN, (job_dir / "status.json").stat().st_mtime
-        rows.append(JobRow(job_dir.name, state, max(0.0, now - created_at), _nodes(job_dir)))
+        except (KubetrainError, OSError, ValueError, TypeError, RecursionError) as error:
+            state, created_at = UNKNOWN, status_file.st_mtime
+            if on_unreadable is not None:
+                on_unreadable(job_dir.name, str(error) or type(error).__name__)
+        rows.append(
+            JobRow(job_dir.name, state, max(0.0, now - created_at), recorded_nodes(job_dir))
+        )
     return rows
 
 
-def _nodes(job_dir: Path) -> int | None:
-    """``spec.num_nodes`` of ``job.json``, as launch wrote it; None when unreadable."""
-    try:
-        nodes = json.loads((job_dir / "job.json").read_text())["spec"]["num_nodes"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+def _check_created_at(created_at: object) -> None:
+    """The job's age is computed from it: a text or an infinity would break the whole list."""
+    if (
+        isinstance(created_at, bool)
+        or not isinstance(created_at, (int, float))
+        or not math.isfinite(created_at)
+    ):
+        raise ValueError(f"status.json created_at is {created_at!r}, not a time in seconds")

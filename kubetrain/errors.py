@@ -298,22 +298,24 @@ def failure_line(exc: BaseException, output: str | None = None) -> tuple[str, in
     return _one_line(f"{line} (set {DEBUG_ENV}=1 for the traceback)"), 1
 
 
-#: Control characters left after whitespace is folded (an escape sequence in a user's
-#: exception text or file name must not drive the terminal the error line is printed on).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: The characters that can drive a terminal: C0 (but the tab, which only moves the cursor to
+#: the next stop), DEL and C1 (U+0080-U+009F: U+009B is an 8-bit CSI, as ESC [ is a 7-bit one).
+#: A newline is one of them: a caller printing lines splits them first, then escapes each.
+TERMINAL_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: str) -> str:
+    """``text`` safe to print on a terminal: each control character (``TERMINAL_CONTROLS``)
+    written as visible ``\\xNN``, so an escape sequence in a user's value, file name, log line
+    or a server's message shows as text instead of driving the terminal. Escaping twice
+    changes nothing. Every user-supplied string printed goes through it
+    (tests/test_terminal_guard.py)."""
+    return TERMINAL_CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _one_line(text: str) -> str:
-    """``text`` on one line, its control characters written as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
-
-
-def _written_out(line: str) -> str:
-    """A context line (a rank's traceback) with its control characters but tabs written as
-    ``\\xNN``: the lines are the user's program's, printed on the user's terminal."""
-    return _CONTROL.sub(
-        lambda m: m.group() if m.group() == "\t" else f"\\x{ord(m.group()):02x}", line
-    )
+    """``text`` on one line (whitespace folded), its control characters escaped."""
+    return terminal_text(" ".join(text.split()))
 
 
 def report_failure(prog: str, exc: BaseException, output: str | None = None) -> int:
@@ -324,8 +326,8 @@ def report_failure(prog: str, exc: BaseException, output: str | None = None) -> 
     matters) only with KUBETRAIN_DEBUG=1, which every line but a KubetrainError's mentions."""
     line, code = failure_line(exc, output)
     if isinstance(exc, KubetrainError) and (context := exc.context_lines()):
-        print("\n".join(_written_out(line) for line in context), file=sys.stderr)
+        print("\n".join(terminal_text(line) for line in context), file=sys.stderr)
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    print(terminal_text(f"{prog}: error: {line}"), file=sys.stderr, flush=True)
     return code

@@ -13,6 +13,7 @@ from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
     write_output_parameters,
 )
+from kubetrain.errors import terminal_text
 
 # Kept equal to prepare_dataset's defaults (a test checks); not imported, to stay light.
 DEFAULT_SOURCE = "sklearn:digits"
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(manifest: dict[str, Any], output: str) -> str:
-    """A few lines a person can check at a glance: counts, classes, shape, where it went."""
+    """A few lines a person can check at a glance: counts, classes, shape, where it went; each
+    line escaped for the terminal (``terminal_text``: a class is a user's folder name)."""
     splits = manifest["splits"]
     if manifest.get("split") == "stratified":
         how = f"stratified, test_fraction {manifest['test_fraction']}, seed {manifest['seed']}"
@@ -127,7 +129,8 @@ def summary(manifest: dict[str, Any], output: str) -> str:
     validation = splits.get("validation")
     held = "" if validation is None else f", validation: {validation['count']} samples"
     return "\n".join(
-        [
+        terminal_text(line)
+        for line in [
             f"prepared {manifest['source']} -> {output}",
             f"  train: {splits['train']['count']} samples{held}, test: "
             f"{splits['test']['count']} samples ({how})",

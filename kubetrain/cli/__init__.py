@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from kubetrain import __version__
-from kubetrain.errors import report_failure
+from kubetrain.errors import report_failure, terminal_text
 from kubetrain.process_exit import skip_exit_collection
 
 SUBCOMMAND_MODULES = (
@@ -35,10 +35,12 @@ SUBCOMMAND_MODULES = (
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line ``PROG: error: OPTION: PROBLEM; FIX``, like every other kubetrain
     error: a step's log then ends with the line that matters, not a usage block. Subcommand
-    parsers are made of the same class (argparse's default ``parser_class``)."""
+    parsers are made of the same class (argparse's default ``parser_class``). The line quotes
+    what the user typed, so it is printed escaped (``terminal_text``)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {one_line_usage_error(message, self.prog)}", file=sys.stderr)
+        line = f"{self.prog}: error: {one_line_usage_error(message, self.prog)}"
+        print(terminal_text(line), file=sys.stderr)
         sys.exit(2)
 
 

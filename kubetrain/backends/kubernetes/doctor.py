@@ -7,16 +7,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubetrain.backends.kubernetes.permissions import access_review, required_permissions
-from kubetrain.errors import KubetrainError
+from kubetrain.errors import KubetrainError, terminal_text
 from kubetrain.render.manifests import APPLY_RUNTIMES, RUNTIME_NAMES, apply_rbac_command
 
 
 @dataclass(frozen=True)
 class Check:
+    """One check's verdict, as printed. ``detail`` quotes what the cluster said (a server's
+    message, an object's name), so it and ``fix`` are escaped for the terminal when the check
+    is made (``terminal_text``): whoever prints a Check prints safe text."""
+
     name: str
     ok: bool
     detail: str
     fix: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", terminal_text(self.detail))
+        object.__setattr__(self, "fix", terminal_text(self.fix))
 
 
 def check_api(api_client) -> Check:

@@ -5,6 +5,7 @@ doctor's line quoting the API server's message. No raw control reaches stdout or
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -63,6 +64,7 @@ def test_prep_summary_escapes_class_names(tmp_path: Path) -> None:
 
 
 CRASH = """\
+import json
 import os
 
 import torch.distributed as dist
@@ -116,3 +118,18 @@ def test_doctor_escapes_the_servers_message(tmp_path) -> None:
     assert result.returncode == 1, result.stderr
     assert f"subjectaccessreviews.authorization.k8s.io (forbidden {ESCAPED})" in result.stdout
     assert_no_raw_control(result.stdout, result.stderr)
+
+
+@pytest.mark.security
+def test_list_escapes_a_job_folders_name_and_its_record(local_root, capsys) -> None:
+    """A folder under the local root is anyone's: its name and a record's text are shown
+    escaped, in the table and in the unreadable line."""
+    folder = local_root / f"job{HOSTILE}"
+    folder.mkdir(parents=True)
+    (folder / "status.json").write_text(
+        json.dumps({"name": f"job{HOSTILE}", "state": f"Complete{HOSTILE}", "created_at": "x"})
+    )
+    code, out, err = kubetrain_in_process(["list"], capsys)
+    assert code == 0
+    assert_no_raw_control(out, err)
+    assert ESCAPED in out + err

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kubetrain.backends import get_backend
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, terminal_text
 
 if TYPE_CHECKING:
     from kubetrain.backends.base import JobRow
@@ -116,19 +116,24 @@ def run_list(args: argparse.Namespace) -> int:
         rows, where = backend.list_jobs(), f"in namespace {backend.namespace}"
     print(job_table(rows, sys.stdout), end="")
     if not rows:
-        print(f"no {args.backend} jobs {where}", file=sys.stderr)
+        print(terminal_text(f"no {args.backend} jobs {where}"), file=sys.stderr)
     return 0
 
 
 def _tell_unreadable(name: str, why: str) -> None:
-    print(f"{name}: unreadable: {why}", file=sys.stderr)
+    print(terminal_text(f"{name}: unreadable: {why}"), file=sys.stderr)
 
 
 def job_table(rows: list[JobRow], stream: TextIO) -> str:
     """Aligned columns under a header, bold only on a terminal with ``NO_COLOR`` unset
     (https://no-color.org); plain text otherwise, so it greps and pipes."""
     cells = [LIST_COLUMNS] + [
-        (row.name, row.state, age(row.age_seconds), "-" if row.nodes is None else str(row.nodes))
+        (
+            terminal_text(row.name),
+            terminal_text(row.state),
+            age(row.age_seconds),
+            "-" if row.nodes is None else str(row.nodes),
+        )
         for row in rows
     ]
     widths = [max(len(line[column]) for line in cells) for column in range(len(LIST_COLUMNS))]
@@ -201,7 +206,7 @@ def run_delete(args: argparse.Namespace) -> int:
         )
     how = (args.backend, backend_options(args), args.ignore_not_found, args.keep_complete)
     if args.run_name:  # the exit handlers' road: the KFP delete_trainjob component's too
-        print(delete_run_job(args.run_name, *how))
+        print(terminal_text(delete_run_job(args.run_name, *how)))
     else:
-        print(delete_job(args.name, *how))
+        print(terminal_text(delete_job(args.name, *how)))
     return 0

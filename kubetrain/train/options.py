@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kubetrain import rules, storage
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, terminal_text
 from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
 
 PROG = "kubetrain.train"
@@ -46,7 +46,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """Report usage errors as one line, like every other kubetrain error (rank logs interleave)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}; see --help", file=sys.stderr)
+        print(terminal_text(f"{self.prog}: error: {message}; see --help"), file=sys.stderr)
         sys.exit(2)
 
 

@@ -23,14 +23,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kubetrain import storage
-from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, read_model_card
+from kubetrain.artifacts.model_card import (
+    MODEL_CARD,
+    MODEL_FILE,
+    REGISTRY_POINTER,
+    REGISTRY_POINTER_FORMAT,
+    read_model_card,
+)
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
 from kubetrain.storage import atomic
 from kubetrain.storage.verified_copy import copy_verified
 
-POINTER = "PROMOTED"
-POINTER_FORMAT = "kubetrain.promoted/v1"
+POINTER, POINTER_FORMAT = REGISTRY_POINTER, REGISTRY_POINTER_FORMAT
 # One path segment that cannot be hidden (staging folders are dot-folders) or escape the registry.
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: What a model and a registry may be, for the fix of a refused one.

@@ -45,6 +45,10 @@ if TYPE_CHECKING:  # torch only for loading; reading a card or copying a model n
 MODEL_FORMAT = "kubetrain.model/v1"
 MODEL_FILE = "model.safetensors"
 MODEL_CARD = "model.json"
+#: A model registry's pointer to its current version (``kubetrain promote``): a folder beside
+#: it is a published version, which nothing but promote writes.
+REGISTRY_POINTER = "PROMOTED"
+REGISTRY_POINTER_FORMAT = "kubetrain.promoted/v1"
 #: What a model was collected from (the card's ``source_format``).
 SOURCE_KUBETRAIN = "kubetrain"
 SOURCE_TORCH_SAVE = "torch-save"

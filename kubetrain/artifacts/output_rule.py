@@ -6,7 +6,9 @@ the dataset staging copy): publishing replaces the target folder, so before any 
   holding that kind's ``format``; a file of that name with other content is not ours);
 - not an existing file;
 - not one of the step's inputs, nor inside one, nor holding one (resolved real paths, symlinks
-  included; on object storage, the same URL or a prefix of it).
+  included; on object storage, the same URL or a prefix of it);
+- not a published version of a model registry (a folder beside the registry's ``PROMOTED``
+  pointer): versions are immutable, and only ``kubetrain promote`` writes there.
 
 Anything else is refused with one line naming the option, before anything is created.
 """
@@ -20,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from kubetrain import storage
-from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FORMAT
+from kubetrain.artifacts.model_card import (
+    MODEL_CARD,
+    MODEL_FORMAT,
+    REGISTRY_POINTER,
+    REGISTRY_POINTER_FORMAT,
+)
 from kubetrain.errors import InvalidInput
 
 
@@ -58,6 +65,7 @@ def check_output(
         # a KFP artifact folder may stand for a URL (a LOCATION pointer): both are inputs
         for named in {os.fspath(source), os.fspath(storage.dereference(source))}:
             _check_apart(text, field, named, input_field)
+    _check_not_a_registry_version(text, field)
     if storage.is_local(text):
         _check_local_target(text, field, kind)
     else:
@@ -66,7 +74,30 @@ def check_output(
 
 def is_output_of(location: storage.Location, kind: OutputKind) -> bool:
     """Whether ``location`` holds a marker file naming ``kind``'s format."""
-    marker = storage.join(location, kind.marker)
+    return _holds_marker(location, kind.marker, kind.format)
+
+
+def _check_not_a_registry_version(text: str, field: str) -> None:
+    """Refuse a folder beside a registry's PROMOTED pointer: a promoted version (or one a
+    promote will publish), whose model card is a model's like any collect output."""
+    if storage.is_local(text):
+        parent: storage.Location = storage.local_path(text, field).resolve().parent
+    else:
+        parent = text.rstrip("/").rsplit("/", 1)[0]
+    if "://" in os.fspath(parent) and os.fspath(parent).endswith(":/"):
+        return  # a bucket's root has no parent folder to be a registry
+    if _holds_marker(parent, REGISTRY_POINTER, REGISTRY_POINTER_FORMAT):
+        raise InvalidInput(
+            field,
+            f"{text} is a version of the model registry {parent} (it holds "
+            f"{REGISTRY_POINTER}); a promoted version is never replaced",
+            "give a folder outside the registry; `kubetrain promote` publishes new versions",
+        )
+
+
+def _holds_marker(location: storage.Location, name: str, format_id: str) -> bool:
+    """Whether ``location`` holds a JSON file ``name`` whose ``format`` is ``format_id``."""
+    marker = storage.join(location, name)
     try:
         if storage.is_local(location):
             path = storage.local_path(marker)
@@ -82,7 +113,7 @@ def is_output_of(location: storage.Location, kind: OutputKind) -> bool:
         content = json.loads(text)
     except (OSError, ValueError):
         return False
-    return isinstance(content, dict) and content.get("format") == kind.format
+    return isinstance(content, dict) and content.get("format") == format_id
 
 
 def _check_local_target(text: str, field: str, kind: OutputKind) -> None:

@@ -160,3 +160,39 @@ def test_safetensors_header_check_agrees_with_safetensors(tmp_path):
         with pytest.raises(Exception), safe_open(str(path), "np") as handle:  # noqa: B017
             handle.keys()  # safetensors refuses each of them too
     assert safetensors_tensor_names(header_file("empty", {"__metadata__": {}})) == []
+
+
+@pytest.mark.parametrize("named", ["model.safetensors", ""], ids=["its-file", "the-folder"])
+def test_a_file_of_our_checkpoint_named_with_checkpoint_file_is_verified_too(
+    trained_checkpoints, tmp_path, named
+):
+    """Issue 28: `--checkpoint-file <epoch>/model.safetensors` used to read the file as a
+    foreign checkpoint and publish a flipped byte that plain collect refuses; a file of our
+    layout takes its folder whole, every file checked against the manifest."""
+    broken = tmp_path / "ckpt"
+    shutil.copytree(trained_checkpoints["ddp"], broken)
+    epoch = (broken / "LATEST").read_text().strip()
+    target = broken / epoch / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"model\.safetensors has sha256 \w+, expected"):
+        collect_checkpoint(str(broken), str(tmp_path / "model"), checkpoint_file=f"{epoch}/{named}")
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.bad_input
+def test_a_promoted_registry_version_is_never_a_collect_output(trained_checkpoints, tmp_path):
+    """Issue 28: `collect --output <registry>/<version>` used to replace a promoted version
+    (its card is a model's, like any collect output)."""
+    from kubetrain.components.promote_model.promote import promote_model
+
+    collect_checkpoint(str(trained_checkpoints["ddp"]), str(tmp_path / "model"))
+    registry = tmp_path / "registry"
+    promote_model(str(tmp_path / "model"), str(registry), "v1")
+    before = {p: p.read_bytes() for p in sorted(registry.rglob("*")) if p.is_file()}
+    with pytest.raises(InvalidInput, match=r"is a version of the model registry .* never replaced"):
+        collect_checkpoint(str(trained_checkpoints["ddp"]), str(registry / "v1"))
+    with pytest.raises(InvalidInput, match=r"is a version of the model registry"):
+        collect_checkpoint(str(trained_checkpoints["ddp"]), str(registry / "v2"))  # a new one too
+    assert {p: p.read_bytes() for p in sorted(registry.rglob("*")) if p.is_file()} == before

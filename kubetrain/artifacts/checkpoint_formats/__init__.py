@@ -121,7 +121,12 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
         candidate = found[0]
     else:
         name, folder = os.path.basename(relative), os.path.dirname(relative)
-        found = whole_folder(READERS, root, folder, sorted(os.listdir(path.parent)))
+        siblings = sorted(os.listdir(path.parent))
+        if "manifest.json" in siblings and METADATA not in siblings:
+            # a file of one of kubetrain's own checkpoint folders: the folder is taken whole,
+            # every file verified against its manifest, as without --checkpoint-file
+            return path.parent
+        found = whole_folder(READERS, root, folder, siblings)
         if name == METADATA or is_index(name):
             candidate = next((c for c in found if c.relative == relative), None)
             if candidate is None:

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from kubetrain import storage
@@ -74,10 +74,8 @@ def check_outlives_run(registry: str, run_claim_mount: str, field: str = "regist
     ARGO_REMOVE_PVC_PROTECTION_FINALIZER=false), and every version with it."""
     if not run_claim_mount or not storage.is_local(registry):
         return
-    # Resolved: a symlink into the claim is on the claim.
-    path = PurePosixPath(os.path.realpath(storage.local_path(registry, field).expanduser()))
-    mount = PurePosixPath(os.path.realpath(run_claim_mount))
-    if path == mount or mount in path.parents:
+    mount = Path(os.path.realpath(run_claim_mount))
+    if _lies_within(storage.local_path(registry, field).expanduser(), mount):  # links resolved
         raise InvalidInput(
             field,
             f"{registry} is on the run's own claim (mounted at {mount}), which is deleted when "

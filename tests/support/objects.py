@@ -284,7 +284,9 @@ def node_pod(
     ``labelAndAnnotateObject``: ``restart-attempt`` is the JobSet's ``status.restarts`` when
     its Job was made) or the Job controller (``kind="job"``) put on it. ``pod_spec``,
     ``pod_labels`` and ``pod_annotations`` are the template's (the fake Trainer's merged one,
-    or the Job's), else a bare ``node`` container running ``image``."""
+    or the Job's): the Job controller copies the pod template's labels and annotations onto
+    each pod (kubernetes pkg/controller/controller_utils.go ``GetPodFromTemplate``,
+    ``getPodsAnnotationSet``); else a bare ``node`` container running ``image``."""
     suffix = secrets.token_hex(3)[:5]
     if kind == "trainer":
         job_name = f"{job}-{replicated_job}-0"

@@ -66,6 +66,10 @@ COUNTS_TABLE_MAX_CLASSES = 50
 SMOOTHING = 25
 NOT_RECORDED = "not recorded"
 DPI = 100
+#: Text properties for names the data gives (class names): drawn as written. matplotlib
+#: otherwise reads ``$...$`` as mathtext (``$\textbf{B}$`` raised a parse error, ``$x$``
+#: drew an italic x) and, with ``text.usetex`` set, hands the name to LaTeX.
+PLAIN_TEXT = {"parse_math": False, "usetex": False}
 
 
 @dataclass(frozen=True)
@@ -288,8 +292,8 @@ def confusion_matrix_figure(classes: Sequence[str], matrix: Sequence[Sequence[in
         yticks=range(count),
     )
     long_names = count > 10 or any(len(str(name)) > 4 for name in classes)
-    axes.set_xticklabels(classes, rotation=90 if long_names else 0)
-    axes.set_yticklabels(classes)
+    axes.set_xticklabels(classes, rotation=90 if long_names else 0, **PLAIN_TEXT)
+    axes.set_yticklabels(classes, **PLAIN_TEXT)
     if count <= ANNOTATE_MAX_CLASSES:
         size = 11 if count <= 12 else 9
         for i, row in enumerate(fractions):

@@ -65,6 +65,39 @@ class ServerSilent(KubetrainError):
         return ServerSilent(self.service, self.server, self.seconds, str(action))
 
 
+class AnswerUnreadable(KubetrainError):
+    """A server answered a request with success but not with the API's JSON: a proxy's or a
+    login page's HTML, bytes that are not UTF-8, or JSON past the bounded reader's limits."""
+
+    def __init__(self, service: str, server: str, what: str) -> None:
+        super().__init__(
+            f"the {service} at {server} answered with {what}, not the API's JSON; check that "
+            f"the address names the {service} itself and not a proxy or a login page"
+        )
+
+
+def check_answer(
+    service: str, url: str, status: int, content_type: str | None, body: bytes | str
+) -> None:
+    """Refuse a 2xx answer whose body no API client could read (``AnswerUnreadable``): JSON
+    is read by the bounded reader (kubetrain.bounded_json), plain text (a pod's log) and an
+    empty body pass, any other media type (``text/html``) is not an API's answer. Checked
+    here, where every answer passes, because the generated clients fall back to the raw text
+    when JSON fails and then break on it far from the request (a ``str`` where a dict was
+    meant, a model field ``None``)."""
+    from kubetrain import bounded_json
+
+    media = (content_type or "").split(";")[0].strip().lower()
+    if not 200 <= status <= 299 or not body or media in ("", "text/plain"):
+        return
+    if not (media == "application/json" or media.endswith("+json")):
+        raise AnswerUnreadable(service, origin(url), f"a {media} page")
+    try:
+        bounded_json.loads(body)
+    except ValueError as exc:  # BoundedJSONError, JSONDecodeError
+        raise AnswerUnreadable(service, origin(url), f"unreadable JSON ({exc})") from None
+
+
 def http_timeout() -> float:
     """Seconds a server may keep a request waiting: $KUBETRAIN_HTTP_TIMEOUT_SECONDS, else 60."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
@@ -182,9 +215,21 @@ def _timed_rest_client(base: type) -> type:
                 return send(_request_timeout=_request_timeout or (self.seconds, None))
 
             def exchange() -> Any:
-                response = send(_request_timeout=_request_timeout or (self.seconds, self.seconds))
+                try:
+                    response = send(
+                        _request_timeout=_request_timeout or (self.seconds, self.seconds)
+                    )
+                except UnicodeDecodeError:  # the generated client decodes every body as UTF-8
+                    raise AnswerUnreadable(
+                        self.service, origin(url), "bytes that are not UTF-8"
+                    ) from None
                 if not _preload_content:  # read the body now, within the deadline
                     response.read(cache_content=True)
+                raw = getattr(response, "urllib3_response", response)  # RESTResponse's own
+                check_answer(
+                    self.service, url, response.status, raw.headers.get("Content-Type"),
+                    response.data,
+                )  # fmt: skip
                 return response
 
             return within(
@@ -223,12 +268,15 @@ def kfp_client(host: str, namespace: str | None) -> kfp.Client:
     from kfp import Client
 
     seconds = http_timeout()
-    client = within(
-        seconds,
-        lambda: Client(host=host, namespace=namespace),
-        lambda: ServerSilent("KFP API", origin(host), seconds),
-        urllib3_timed_out,
-    )
+    try:
+        client = within(
+            seconds,
+            lambda: Client(host=host, namespace=namespace),
+            lambda: ServerSilent("KFP API", origin(host), seconds),
+            urllib3_timed_out,
+        )
+    except UnicodeDecodeError:  # its healthz answer, decoded as UTF-8 by the generated client
+        raise AnswerUnreadable("KFP API", origin(host), "bytes that are not UTF-8") from None
     api_client = client.runs.api_client
     rest = _timed_rest_client(kfp_server_api.rest.RESTClientObject)
     api_client.rest_client = rest(api_client.configuration, "KFP API", seconds)
@@ -251,12 +299,17 @@ def _timed_session() -> type:
         def request(self, method: str, url: str, **options: Any) -> requests.Response:
             if options.get("timeout") is None:
                 options["timeout"] = (self.seconds, self.seconds)
-            return within(
+            response = within(
                 self.seconds,
                 lambda: super(TimedSession, self).request(method, url, **options),
                 lambda: ServerSilent(self.service, origin(url), self.seconds),
                 lambda error: isinstance(error, requests.Timeout),
             )
+            check_answer(
+                self.service, url, response.status_code, response.headers.get("Content-Type"),
+                response.content,
+            )  # fmt: skip
+            return response
 
     return TimedSession
 

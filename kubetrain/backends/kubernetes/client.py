@@ -17,6 +17,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
+from kubetrain import bounded_json
 from kubetrain.backends.http_clients import ServerSilent, kubernetes_api_client
 from kubetrain.errors import KubetrainError, reading
 from kubetrain.user_files import MIB, check_regular_file
@@ -158,9 +159,30 @@ class AlreadyExists(ApiError):
     """409: an object of that name exists (or changed under us)."""
 
 
+def answered_object(data: bytes | str, action: Action) -> dict[str, Any]:
+    """The JSON object a 200 answer read with ``_preload_content=False`` holds. A proxy or a
+    server that is no API server may answer 200 with an HTML page (or JSON past the bounded
+    reader's limits): one line naming the request, not a traceback."""
+    try:
+        body = bounded_json.loads(data)
+    except json.JSONDecodeError as exc:
+        reason = f"its answer is not JSON ({exc.msg})"
+    else:
+        if isinstance(body, dict):
+            return body
+        reason = f"its answer is JSON {type(body).__name__}, not an object"
+    raise ApiError(
+        f"the API server's answer to {action} is unreadable: {reason}; check that the kubeconfig "
+        "names the cluster's API server and not a proxy or another service",
+        action,
+        200,
+        {},
+    )
+
+
 def _body(exc: ApiException) -> dict[str, Any]:
     try:
-        body = json.loads(exc.body or "{}")
+        body = bounded_json.loads(exc.body or "{}")
     except (TypeError, ValueError):
         return {"message": str(exc.body or exc.reason or "")}
     return body if isinstance(body, dict) else {}

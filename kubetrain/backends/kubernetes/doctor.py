@@ -71,7 +71,12 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
 
     from kubernetes.client import ApiextensionsV1Api
 
-    from kubetrain.backends.kubernetes.client import Action, NotFound, PermissionDenied
+    from kubetrain.backends.kubernetes.client import (
+        Action,
+        NotFound,
+        PermissionDenied,
+        answered_object,
+    )
     from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
     from kubetrain.backends.kubernetes.launch import (
         TrainingOperatorNotInstalled,
@@ -84,7 +89,7 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
         response = objects.call(
             action, api.read_custom_resource_definition, PYTORCHJOB_CRD, _preload_content=False
         )
-        crd = json.loads(response.data)
+        crd = answered_object(response.data, action)
     except NotFound:
         return Check("operator", False, str(TrainingOperatorNotInstalled()))
     except PermissionDenied:

@@ -12,8 +12,14 @@ from typing import Any
 
 from kubernetes.client import ApiextensionsV1Api
 
-from kubetrain import rules
-from kubetrain.backends.kubernetes.client import Action, AlreadyExists, NotFound, PermissionDenied
+from kubetrain import bounded_json, rules
+from kubetrain.backends.kubernetes.client import (
+    Action,
+    AlreadyExists,
+    NotFound,
+    PermissionDenied,
+    answered_object,
+)
 from kubetrain.backends.kubernetes.kinds import (
     PYTORCHJOB,
     PYTORCHJOB_CRD,
@@ -135,7 +141,7 @@ def trainer_version(
         response = objects.call(
             action, api.read_custom_resource_definition, TRAINJOB_CRD, _preload_content=False
         )
-        crd = json.loads(response.data)
+        crd = answered_object(response.data, action)
     except NotFound:
         raise TrainerNotInstalled() from None
     except PermissionDenied as denied:
@@ -438,7 +444,8 @@ def adopt_or_refuse(
         )
     try:
         differences = spec_differences(
-            json.loads(theirs.get(SPEC_ANNOTATION, "{}")), json.loads(ours[SPEC_ANNOTATION])
+            bounded_json.loads(theirs.get(SPEC_ANNOTATION, "{}")),
+            bounded_json.loads(ours[SPEC_ANNOTATION]),
         )
     except ValueError:
         differences = ["its kubetrain.io/spec annotation is unreadable"]

@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
+from kubetrain import bounded_json
 from kubetrain.backends.base import JobStatus
 from kubetrain.storage import atomic
 
@@ -44,7 +44,7 @@ def read_record(path: Path) -> Any:
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path.name} is not a regular file")
-        return json.loads(handle.read())
+        return bounded_json.loads(handle.read())
 
 
 def read_status(job_dir: Path) -> JobStatus:

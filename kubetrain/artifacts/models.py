@@ -93,6 +93,67 @@ def build_model(
     return model
 
 
+def build_classifier(spec: str, sample_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """The model ``--model`` names, to be trained: :func:`build_model`, then refused unless it
+    can be the classifier trained (:func:`check_classifier`). Reading a checkpoint needs less
+    (collect takes a factory's module for its tensor names alone), so only training asks it."""
+    model = build_model(spec, sample_shape, num_classes)
+    check_classifier(model, spec, [int(dim) for dim in sample_shape], int(num_classes), "--model")
+    return model
+
+
+#: What a model factory's model must do, the fix each refusal of :func:`check_classifier` names.
+CLASSIFIER_FIX = (
+    "the callable must return a torch.nn.Module with trainable parameters that maps a "
+    "float32 batch [N, *sample_shape] to logits [N, num_classes]"
+)
+#: Samples in the trial batch: two, so that a model that squeezes the batch away is caught.
+TRIAL_BATCH = 2
+
+
+def check_classifier(
+    model: nn.Module, spec: str, shape: list[int], num_classes: int, option: str
+) -> None:
+    """Refuse, as one line naming ``option``, a module that cannot be the classifier trained:
+    one without trainable parameters (``torch.nn:Identity``; DDP refuses it mid-setup), or one
+    whose forward on a zero batch of the data's samples (the trainer's inputs are float32)
+    raises or gives no ``[N, num_classes]`` tensor (training stopped at its first step with an
+    "internal error"). The trial runs in eval mode, without gradients, on the model's device,
+    and puts each submodule's mode back: it changes neither weights nor running statistics."""
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise InvalidInput(
+            option,
+            f"{spec} returned {type(model).__name__}, a module with nothing to train",
+            CLASSIFIER_FIX,
+        )
+    tensors = [*model.parameters(), *model.buffers()]
+    batch = torch.zeros(TRIAL_BATCH, *shape, device=tensors[0].device)
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(batch)
+    except Exception as exc:
+        raise InvalidInput(
+            option,
+            f"{spec}'s model raised {type(exc).__name__} on a batch of shape {list(batch.shape)}: "
+            f"{refusal_reason(exc)}",
+            CLASSIFIER_FIX,
+        ) from None
+    finally:
+        for module, training in modes:
+            module.training = training
+    expected = [TRIAL_BATCH, num_classes]
+    if not isinstance(output, torch.Tensor) or list(output.shape) != expected:
+        got = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise InvalidInput(
+            option,
+            f"{spec}'s model maps a batch of shape {list(batch.shape)} to {got}, "
+            f"not {expected} (a score per class)",
+            CLASSIFIER_FIX,
+        )
+
+
 def rebuild_model(
     recorded: Mapping[str, Any], model_factory: str | None, what: str
 ) -> torch.nn.Module:

@@ -22,7 +22,7 @@ from kubetrain.artifacts.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from kubetrain.artifacts.models import build_model
+from kubetrain.artifacts.models import build_classifier
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.names import JOB_NAME_ENV
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
@@ -209,7 +209,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
         "num_classes": data.num_classes,
     }
     torch.manual_seed(options.seed)  # identical initial weights on every rank
-    module = build_model(options.model, data.sample_shape, data.num_classes)
+    module = build_classifier(options.model, data.sample_shape, data.num_classes)
     torch.manual_seed(options.seed + runtime.rank)
     model = wrap_model(module, options.strategy, runtime)
     optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)

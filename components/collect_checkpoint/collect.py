@@ -27,7 +27,7 @@ from typing import Any
 
 from kubetrain import storage
 from kubetrain.artifacts.checkpoint_formats.writer import NonfiniteScan
-from kubetrain.artifacts.manifest import MANIFEST, check_model_code
+from kubetrain.artifacts.manifest import MANIFEST, check_model_code, shown
 from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
 from kubetrain.artifacts.output_rule import MODEL, check_output
 from kubetrain.artifacts.safetensors_header import tensor_names
@@ -122,7 +122,8 @@ def collect_checkpoint(
         except foreign.UnreadableCheckpoint:
             if not foreign.still_being_written(root, candidate):
                 raise
-            writing.append(candidate.relative)  # caught mid-write: the next newest
+            # caught mid-write: the next newest
+            writing.append(f"{shown(candidate.relative)} (changing as it was read)")
     raise foreign.nothing_to_collect(checkpoint_dir, writing)
 
 

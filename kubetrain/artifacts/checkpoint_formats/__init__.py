@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
+from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader, index_of_shard
 from kubetrain.artifacts.checkpoint_formats.dcp import METADATA, Dcp
 from kubetrain.artifacts.checkpoint_formats.files import (
     UnreadableCheckpoint,
     held_to_rule,
+    join,
     snapshot,
 )
 from kubetrain.artifacts.checkpoint_formats.hf_sharded import HfSharded, is_index
@@ -44,11 +45,11 @@ from kubetrain.artifacts.checkpoint_formats.naming import published_names
 from kubetrain.artifacts.checkpoint_formats.safetensors_file import SafetensorsFile
 from kubetrain.artifacts.checkpoint_formats.search import (
     holds_our_layout,
-    is_settled,
     nothing_to_collect,
     one_file,
     settled_candidates,
     still_being_written,
+    still_writing,
     whole_folder,
 )
 from kubetrain.artifacts.checkpoint_formats.torch_save import TorchSave
@@ -140,16 +141,23 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
                 f"{path} is one shard of the checkpoint {root / found[0].relative}",
                 "name its index or DCP folder instead, which collect reads whole",
             )
+        elif (index := index_of_shard(name)) is not None:
+            raise IntegrityError(
+                f"checkpoint file {path} is one shard of an HF sharded checkpoint whose index "
+                f"{index} is not there yet (the save writes it after every shard); wait for "
+                f"the save to finish, then name {join(folder, index)} with --checkpoint-file"
+            )
         else:
             candidate = one_file(READERS, root, relative)
             if candidate is None:
                 raise InvalidInput(
                     "checkpoint_file", f"{path} is of no format collect reads", _NAMED_FIX
                 )
-    if not is_settled(root, candidate):
+    reason = still_writing(root, candidate)
+    if reason is not None:
         raise IntegrityError(
-            f"checkpoint file {root / candidate.relative} is still being written (its size "
-            "changed as it was looked at); collect it once the training job has finished"
+            f"checkpoint file {root / candidate.relative} is still being written ({reason}); "
+            "collect it once the training job has finished"
         )
     return candidate
 

@@ -76,10 +76,22 @@ AUXILIARY = re.compile(
     re.IGNORECASE,
 )
 _NUMBER = re.compile(r"\d+")
+#: One shard of a Hugging Face sharded checkpoint (``model-00001-of-00003.safetensors``,
+#: ``pytorch_model-00002-of-00002.bin``): never a model by itself, only with its index.
+HF_SHARD = re.compile(
+    r"(?P<stem>.+)-(?P<part>\d{5,})-of-(?P<total>\d{5,})(?P<suffix>\.safetensors|\.bin)"
+)
 
 
 def is_auxiliary(name: str) -> bool:
     return AUXILIARY.fullmatch(name.split(".")[0]) is not None
+
+
+def index_of_shard(name: str) -> str | None:
+    """The index an HF shard's save writes after it (``model.safetensors.index.json``), or
+    None when ``name`` is no shard."""
+    shard = HF_SHARD.fullmatch(name)
+    return f"{shard['stem']}{shard['suffix']}.index.json" if shard else None
 
 
 def make_candidate(
@@ -121,7 +133,7 @@ class SingleFile:
 
     def recognise_file(self, root: Path, relative: str) -> Candidate | None:
         name = relative.rsplit("/", 1)[-1]
-        if not name.endswith(self.SUFFIXES) or is_auxiliary(name):
+        if not name.endswith(self.SUFFIXES) or is_auxiliary(name) or index_of_shard(name):
             return None
         return make_candidate(root, relative, self.FORMATS[0], [relative], relative)
 

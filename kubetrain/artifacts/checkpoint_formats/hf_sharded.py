@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain.artifacts.checkpoint_formats.api import (
+    HF_SHARD,
     Candidate,
     ModelSource,
+    index_of_shard,
     make_candidate,
     no_state_key,
 )
@@ -62,6 +64,36 @@ def _weight_map(root: Path, relative: str) -> dict[str, str]:
     return weight_map
 
 
+def _check_names_the_shards_present(root: Path, relative: str, named: set[str]) -> None:
+    """The index is complete and names exactly the shards beside it: every shard it names is
+    there (else the save is unfinished: read again later), it names all ``N`` of a
+    ``-of-N`` set, and no shard of its name is there that it leaves out (another save's)."""
+    index = root / relative
+    present = {name for name in os.listdir(index.parent) if index_of_shard(name) == index.name}
+    absent = sorted(shard for shard in named if not (index.parent / shard).exists())
+    if absent:
+        raise UnreadableCheckpoint(
+            f"checkpoint file {index} names shard {shown(absent[0])}, which is not there "
+            f"({len(absent)} of {len(named)} missing); wait for the save to finish, or save "
+            "the model again"
+        )
+    totals = {int(match["total"]) for shard in named if (match := HF_SHARD.fullmatch(shard))}
+    parts = {int(match["part"]) for shard in named if (match := HF_SHARD.fullmatch(shard))}
+    if len(totals) == 1 and parts != set(range(1, max(totals) + 1)):
+        lacking = min(set(range(1, max(totals) + 1)) - parts, default=max(parts))
+        raise IntegrityError(
+            f"checkpoint file {index} names {len(parts)} shards of a set of {max(totals)} "
+            f"(not shard {lacking}); the index is incomplete: save the model again"
+        )
+    unnamed = sorted(present - named)
+    if unnamed:
+        raise IntegrityError(
+            f"checkpoint folder {index.parent} holds shard {shown(unnamed[0])}, which "
+            f"{index.name} does not name ({len(unnamed)} left out): a shard of another save; "
+            "remove the stale shards or save the model again into an empty folder"
+        )
+
+
 def _check_shard(shard: Path, holds: set[str], mapped: list[str], relative: str) -> None:
     """A shard holds exactly what the index maps to it: a tensor missing is refused, and so is
     one the index leaves out (the model would be published without it)."""
@@ -107,8 +139,9 @@ class HfSharded:
 
     def files(self, root: Path, candidate: Candidate) -> list[str]:
         folder = os.path.dirname(candidate.relative)
-        shards = {join(folder, shard) for shard in _weight_map(root, candidate.relative).values()}
-        return [candidate.relative, *sorted(shards)]
+        named = set(_weight_map(root, candidate.relative).values())
+        _check_names_the_shards_present(root, candidate.relative, named)
+        return [candidate.relative, *sorted(join(folder, shard) for shard in named)]
 
     def read(self, root: Path, candidate: Candidate, state_key: str) -> ModelSource:
         relative = candidate.relative

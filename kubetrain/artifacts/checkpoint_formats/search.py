@@ -11,10 +11,11 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader
+from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader, index_of_shard
 from kubetrain.artifacts.checkpoint_formats.files import join
 from kubetrain.artifacts.manifest import shown
 from kubetrain.errors import IntegrityError
+from kubetrain.storage.settled import unsettled, writers_of
 
 #: What a folder is searched for, in the line that says it holds none of it.
 LOOKED_FOR = (
@@ -32,11 +33,10 @@ OUR_CHECKPOINT = re.compile(r"epoch-\d{6,}")
 _PASSED_OVER = {"__pycache__", "tensorboard", "wandb", "mlruns", ".git"}
 #: A kubetrain dataset or model folder beside the checkpoints (their manifests).
 _OUR_RECORDS = {"manifest.json", "model.json"}
-#: A file modified this recently may still be being written: its size is checked twice,
-#: :data:`SETTLE_SECONDS` apart, before it is taken.
+#: A checkpoint that failed to read and was modified this recently may have been caught by a
+#: writer that pauses: it is watched for :data:`WATCH_SECONDS`, :data:`SETTLE_SECONDS` apart.
 RECENT_SECONDS = 30.0
 SETTLE_SECONDS = 0.25
-#: How long a recent checkpoint that failed to read is watched for a writer still at it.
 WATCH_SECONDS = 3.0
 
 
@@ -74,15 +74,17 @@ def one_file(readers: Sequence[Reader], root: Path, relative: str) -> Candidate 
     )
 
 
-def candidates(readers: Sequence[Reader], root: Path) -> list[Candidate]:
+def candidates(readers: Sequence[Reader], root: Path, writing: list[str]) -> list[Candidate]:
     """Every checkpoint in ``root`` and the folders below it, at any depth (links are not
-    followed), refused past :data:`MAX_ENTRIES` entries rather than taken from a part."""
+    followed), refused past :data:`MAX_ENTRIES` entries rather than taken from a part. HF
+    shards whose index is not there yet (it is written after them) are no checkpoint: each is
+    added to ``writing``, with why."""
     seen = [0]
-    return _candidates(readers, root, "", seen)
+    return _candidates(readers, root, "", seen, writing)
 
 
 def _candidates(
-    readers: Sequence[Reader], root: Path, folder: str, seen: list[int]
+    readers: Sequence[Reader], root: Path, folder: str, seen: list[int], writing: list[str]
 ) -> list[Candidate]:
     try:
         entries = sorted(os.scandir(root / folder if folder else root), key=lambda e: e.name)
@@ -108,7 +110,12 @@ def _candidates(
             continue
         if entry.is_dir(follow_symlinks=False):
             if not (OUR_CHECKPOINT.fullmatch(entry.name) or entry.name in _PASSED_OVER):
-                found += _candidates(readers, root, relative, seen)
+                found += _candidates(readers, root, relative, seen, writing)
+        elif (index := index_of_shard(entry.name)) is not None:
+            writing.append(
+                f"{shown(relative)} (an HF shard without its index {index}: wait for the save "
+                "to write it)"
+            )
         elif (candidate := one_file(readers, root, relative)) is not None:
             found.append(candidate)
     return found
@@ -142,34 +149,36 @@ def _sizes(root: Path, files: Iterable[str]) -> dict[str, tuple[int, int]]:
     return sizes
 
 
-def is_settled(root: Path, candidate: Candidate) -> bool:
-    """Not being written: unchanged in size and time across :data:`SETTLE_SECONDS` when it
-    was modified in the last :data:`RECENT_SECONDS` (an older file is taken as it is)."""
-    if time.time() - candidate.mtime_ns / 1e9 > RECENT_SECONDS:
-        return True
-    before = _sizes(root, candidate.files)
-    time.sleep(SETTLE_SECONDS)
-    return _sizes(root, candidate.files) == before
+def still_writing(root: Path, candidate: Candidate) -> str | None:
+    """Why ``candidate`` is still being written (one clause naming the file), or None: every
+    format's files are held to the one rule of :func:`kubetrain.storage.settled.unsettled`
+    (size and time still for a grace, no process holding one open for writing)."""
+    return unsettled([root / name for name in candidate.files])
 
 
 def settled_candidates(
     readers: Sequence[Reader], root: Path, writing: list[str]
 ) -> Iterator[Candidate]:
     """The checkpoints in ``root``, newest first (see :func:`ranked`), that are not being
-    written: no hidden or ``.tmp``/``.partial``/``.part`` name, and a size that holds still
-    (each passed over is added to ``writing``). Opens nothing: the files are held to the rule
-    when one is read."""
-    for candidate in ranked(candidates(readers, root)):
-        if is_settled(root, candidate):
+    written: no hidden or ``.tmp``/``.partial``/``.part`` name, no HF shards without their
+    index, files that held still for the grace and that no process holds open for writing
+    (each passed over is added to ``writing``, with why). Opens nothing: the files are held to
+    the rule when one is read."""
+    for candidate in ranked(candidates(readers, root, writing)):
+        reason = still_writing(root, candidate)
+        if reason is None:
             yield candidate
         else:
-            writing.append(candidate.relative)
+            writing.append(f"{shown(candidate.relative)} ({reason})")
 
 
 def still_being_written(root: Path, candidate: Candidate) -> bool:
     """Whether a checkpoint that failed to read was caught mid-write: modified recently and
     changing within :data:`WATCH_SECONDS` (a writer pausing between writes outlasts the
-    settling check). An old file, or one that holds still, is corrupt, not being written."""
+    settling check), or held open for writing by a process. An old file, or one that holds
+    still with no writer, is corrupt, not being written."""
+    if writers_of([root / name for name in candidate.files]):
+        return True
     if time.time() - candidate.mtime_ns / 1e9 > RECENT_SECONDS:
         return False
     before = _sizes(root, candidate.files)
@@ -183,9 +192,7 @@ def still_being_written(root: Path, candidate: Candidate) -> bool:
 
 
 def nothing_to_collect(checkpoint_dir: object, writing: list[str]) -> IntegrityError:
-    passed = (
-        f"; {', '.join(shown(name) for name in writing[:3])} still being written" if writing else ""
-    )
+    passed = f"; still being written: {', '.join(writing[:3])}" if writing else ""
     return IntegrityError(
         f"checkpoint_dir: {checkpoint_dir} holds no checkpoint (looked for {LOOKED_FOR}"
         f"{passed}); point --checkpoint-dir at the folder your script saves into, or name the "

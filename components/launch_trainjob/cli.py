@@ -14,9 +14,14 @@ from kubetrain.components._shared.flags import add_flag
 from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
+from kubetrain.errors import terminal_text
 from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME
+
+#: The files ``--output-parameters`` receives (the Argo template's output parameters).
+OUTPUT_PARAMETERS = ("job_name", "checkpoint_dir")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -303,12 +308,15 @@ def request_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from kubetrain.components.launch_trainjob.launch import launch
 
+    # Checked before the job is created: found only when the outputs are written, a bad
+    # folder would fail a step whose job already runs.
+    check_output_parameters(args.output_parameters, OUTPUT_PARAMETERS)
     result = launch(request_from_args(args), backend=args.backend, options=backend_options(args))
     if result.checkpoint_dir:  # stdout is the job name alone: JOB=$(kubetrain launch ...)
-        print(f"checkpoints: {result.checkpoint_dir}", file=sys.stderr)
+        print(f"checkpoints: {terminal_text(result.checkpoint_dir)}", file=sys.stderr)
     write_output_parameters(
         args.output_parameters,
         {"job_name": result.job_name, "checkpoint_dir": result.checkpoint_dir},
     )
-    print(result.job_name)
+    print(terminal_text(result.job_name))
     return 0

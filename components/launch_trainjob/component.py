@@ -97,6 +97,7 @@ def launch_trainjob(
         text_list,
         text_mapping,
     )
+    from kubetrain.errors import terminal_text
     from kubetrain.jobspec import Resources
 
     request = LaunchRequest(
@@ -139,7 +140,7 @@ def launch_trainjob(
     )
     options = BackendOptions(namespace=namespace, trainer_version=trainer_version)
     result = launch(request, backend=backend, options=options)
-    print(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}")
+    print(terminal_text(f"launched {result.job_name}; checkpoints in {result.checkpoint_dir}"))
     return namedtuple("LaunchOutputs", ["job_name", "checkpoint_dir"])(
         result.job_name, result.checkpoint_dir
     )

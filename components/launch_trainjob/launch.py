@@ -8,19 +8,25 @@ at once, ``render_launch`` prints what ``launch`` would create, without a cluste
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kubetrain import rules, storage
+from kubetrain import bounded_json, rules, storage
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import Backend
-from kubetrain.components._shared.program import absolute_location
-from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
+from kubetrain.components._shared.program import (
+    absolute_location,
+    check_program_text,
+    with_program_file_from,
+)
+from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason, terminal_text
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import (
     AUTO_PROCS,
@@ -43,6 +49,9 @@ RUN_NAME_LABEL = "kubetrain.io/run-name"
 #: reads them; our trainer gets the same as options).
 DATA_DIR_ENV = "KUBETRAIN_DATA_DIR"
 CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
+#: The file in a checkpoint folder whose ``flock`` the folder's one writer holds
+#: (``kubetrain.artifacts.checkpoint.LOCK_FILE``, not imported: that module imports torch).
+CHECKPOINT_LOCK_FILE = ".lock"
 
 
 @dataclass(frozen=True)
@@ -191,12 +200,13 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     labels = {RUN_NAME_LABEL: label_value(request.run_name)} if request.run_name else {}
     # A user's program splits as `torchrun train.py ...` -> command torchrun; ours keeps
     # `torchrun -m kubetrain.train` as the command and its options as the args.
+    check_program_text(request.command, "command")
     command, args = request.command[:1], request.command[1:]
     training = request.training
     request.resources.validate("resources_per_node")  # auto reads its GPUs
     procs_per_node = resolve_procs_per_node(request.procs_per_node, request.resources.gpu)
     if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
-        print(f"kubetrain: warning: {mismatch}", file=sys.stderr)
+        print(f"kubetrain: warning: {terminal_text(mismatch)}", file=sys.stderr)
     if request.runs_our_trainer:
         training.validate()
     else:
@@ -228,6 +238,11 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     working_dir = ""
     if not request.runs_our_trainer and storage.is_local(checkpoint_dir):
         working_dir = str(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+        if backend == "local":
+            # The program file named in this folder (`torchrun train.py`) is still found
+            # there; the program's own arguments reach it exactly as given.
+            program = with_program_file_from(os.getcwd(), request.command)
+            command, args = program[:1], program[1:]
     env = {CHECKPOINT_DIR_ENV: checkpoint_dir, **({DATA_DIR_ENV: data_dir} if data_dir else {})}
     spec = TrainJobSpec(
         name=name,
@@ -294,9 +309,21 @@ def launch(
     fail."""
     backend_impl = get_backend(backend, options)
     plan = plan_launch(request, backend, backend_impl)
-    if backend == "local" and request.runs_our_trainer:
-        # Our trainer's nodes run here: what would fail each of them is refused now.
-        check_local_trainer(request.training.data_dir, plan.checkpoint_dir, request.training.model)
+    if backend == "local":
+        # The nodes run here: what would fail each of them, or let two jobs write one
+        # checkpoint folder, is refused now.
+        if request.runs_our_trainer:
+            check_local_trainer(
+                request.training.data_dir, plan.checkpoint_dir, request.training.model
+            )
+        else:
+            check_local_program(request.training.data_dir, plan.checkpoint_dir)
+        check_checkpoint_folder_free(plan.checkpoint_dir, backend_impl.root)
+    shared = request.shared_volume if backend != "local" else None
+    if storage.is_local(plan.checkpoint_dir) and (
+        backend == "local" or (shared is not None and _inside(plan.checkpoint_dir, shared))
+    ):  # seen here: this machine's folder, or the claim this step mounts as the nodes do
+        check_checkpoint_lock(plan.checkpoint_dir)
     if plan.stage_from:
         from kubetrain.components.launch_trainjob.staging import stage_dataset
 
@@ -357,7 +384,7 @@ def parse_items(values: list[str] | tuple[str, ...], option: str) -> list[str]:
 
 def _json(text: str, option: str) -> Any:
     try:
-        return json.loads(text)
+        return bounded_json.loads(text)
     except json.JSONDecodeError as exc:
         problem = f"{rules.shown(text)} is not JSON ({exc.msg})"
         raise InvalidInput(option, problem, _JSON_FIX) from None
@@ -446,6 +473,88 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
             raise InvalidInput("data", problem, fix) from None
     if storage.is_local(checkpoint_dir):
         _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+
+
+def check_local_program(data_dir: str, checkpoint_dir: str) -> None:
+    """Refuse now what a user's program would meet on this machine: a ``--data`` that does
+    not exist (the program is told it in KUBETRAIN_DATA_DIR), a checkpoint folder that is a
+    file (its nodes run in it). A URL is left to the program."""
+    data = storage.dereference(data_dir) if data_dir else ""
+    if data and storage.is_local(data) and not storage.local_path(data, "data").exists():
+        raise InvalidInput(
+            "data",
+            f"{data} does not exist",
+            "point --data at the dataset folder your program reads, or leave it out",
+        )
+    if storage.is_local(checkpoint_dir):
+        _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
+
+
+def check_checkpoint_folder_free(checkpoint_dir: str, root: Path) -> None:
+    """Refuse a local checkpoint folder that is, lies in or holds the checkpoint folder of a
+    live job of this machine (Created or Running, as `kubetrain list` finds them): our
+    trainer locks its folder only once its nodes run, and a user's program takes no lock, so
+    two jobs would overwrite each other's files (``model.pt``, epochs, ``LATEST``)."""
+    from kubetrain.backends.base import CREATED, RUNNING
+    from kubetrain.backends.local.files import read_record
+    from kubetrain.backends.local.listing import list_local_jobs
+
+    if not storage.is_local(checkpoint_dir):
+        return
+    folder = storage.local_path(checkpoint_dir, "checkpoint_dir").resolve()
+    for row in list_local_jobs(root):
+        if row.state not in (CREATED, RUNNING):
+            continue
+        try:
+            theirs = read_record(root / row.name / "job.json")["spec"]["env"][CHECKPOINT_DIR_ENV]
+        except (OSError, ValueError, RecursionError, KeyError, TypeError):
+            continue  # a record that does not say: its job is shown Unknown by `list`
+        if not isinstance(theirs, str) or not storage.is_local(theirs):
+            continue
+        other = storage.local_path(theirs, "checkpoint_dir").resolve()
+        if folder == other:
+            relation = "is the checkpoint folder"
+        elif folder.is_relative_to(other):
+            relation = f"lies inside {other}, the checkpoint folder"
+        elif other.is_relative_to(folder):
+            relation = f"holds {other}, the checkpoint folder"
+        else:
+            continue
+        raise InvalidInput(
+            "checkpoint_dir",
+            f"{folder} {relation} of live job {row.name} ({row.state})",
+            "give this job a --checkpoint-dir of its own, apart from that job's, or wait until "
+            f"that job ends (or `kubetrain delete {row.name}`)",
+        )
+
+
+def check_checkpoint_lock(checkpoint_dir: str) -> None:
+    """Refuse a checkpoint folder whose lock file a running writer holds: our trainer's rank 0
+    holds its ``flock`` for the whole run, whichever machine or root launched it (on a shared
+    volume NFS v4 shows it to every client). Nothing is created: the lock file, if there, is
+    opened for reading and a shared lock only tried."""
+    path = storage.local_path(checkpoint_dir, "checkpoint_dir") / CHECKPOINT_LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file: no writer has come yet
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "not yet said"
+            raise InvalidInput(
+                "checkpoint_dir",
+                f"{path.parent} is being written by another job (its lock {path} is held by: "
+                f"{holder})",
+                "give this job a --checkpoint-dir of its own, or wait until that job ends",
+            ) from None
+        except OSError:
+            return  # a filesystem without locks: there is nothing to see
+    finally:
+        os.close(fd)
 
 
 def check_model_imports(model: str) -> None:

@@ -7,8 +7,13 @@ import argparse
 from kubetrain.components._shared.flags import add_flag
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
+from kubetrain.errors import terminal_text
+
+#: What ``--output-parameters DIR`` holds once the step is done, one file each.
+OUTPUT_NAMES = ("model_dir", "sha256", "epoch")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -86,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_parameters(args.output_parameters, OUTPUT_NAMES)
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 
     model = collect_checkpoint(
@@ -99,19 +105,21 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
     )
     card = model.card
+    # the card quotes the user's file names and state key: escaped for the terminal
     if "strategy" in card:  # a kubetrain checkpoint
-        print(
+        collected = (
             f"collected epoch {card['epoch']} step {card['step']} ({card['strategy']}, "
             f"world size {card['world_size']}) from {card['source_checkpoint']}"
         )
     else:
         epoch = f", epoch {card['epoch']}" if "epoch" in card else ""
         state = f", state {card['state_key']}" if card.get("state_key") else ""
-        print(
+        collected = (
             f"collected {card['source_file']} ({card['source_format']}{epoch}{state}) from "
             f"{card['source_checkpoint']}"
         )
-    print(f"model {model.path} sha256 {model.sha256}")
+    print(terminal_text(collected))
+    print(terminal_text(f"model {model.path} sha256 {model.sha256}"))
     write_output_parameters(
         args.output_parameters,
         {"model_dir": args.output, "sha256": model.sha256, "epoch": card.get("epoch", "")},

@@ -42,6 +42,7 @@ def collect_checkpoint(
     """
     from kubetrain import storage as object_storage
     from kubetrain.components.collect_checkpoint.collect import collect_checkpoint as collect
+    from kubetrain.errors import terminal_text
 
     output = object_storage.run_folder(storage, "models", run_name) if storage else model.path
     collected = collect(
@@ -80,6 +81,8 @@ def collect_checkpoint(
         }
     )
     print(
-        f"collected {card['source_file']} ({card['source_format']}, epoch "
-        f"{card.get('epoch', 'unknown')}) sha256 {collected.sha256}"
+        terminal_text(
+            f"collected {card['source_file']} ({card['source_format']}, epoch "
+            f"{card.get('epoch', 'unknown')}) sha256 {collected.sha256}"
+        )
     )

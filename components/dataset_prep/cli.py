@@ -11,6 +11,7 @@ from typing import Any
 
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
 from kubetrain.errors import terminal_text
@@ -21,6 +22,8 @@ DEFAULT_TEST_FRACTION = 0.2
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_SEED = 0
 MAX_CLASSES_SHOWN = 12
+#: What ``--output-parameters DIR`` holds once the step is done, one file each.
+OUTPUT_NAMES = ("dataset_dir", "train_count", "test_count", "num_classes")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -91,6 +94,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Prepare the dataset and print a short summary; errors propagate as InvalidInput."""
+    check_output_parameters(args.output_parameters, OUTPUT_NAMES)
     from kubetrain.components.dataset_prep.prep import prepare_dataset
 
     manifest = prepare_dataset(

@@ -8,9 +8,13 @@ import json
 from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import IntegrityError, InvalidInput, terminal_text
+
+#: What ``--output-parameters DIR`` holds once the step is done, one file each.
+OUTPUT_NAMES = ("accuracy", "loss", "passed")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -99,6 +103,7 @@ def _optional_number(text: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_parameters(args.output_parameters, OUTPUT_NAMES)
     command = program_from_args(args)
     if command:
         return run_program(args, command)
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     passed = gate.passes({"accuracy": result.accuracy, "loss": result.loss})
     metrics["passed"] = passed
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        print("\n".join(terminal_text(line) for line in json.dumps(metrics, indent=2).split("\n")))
     if args.metrics_output:
         write_json(args.metrics_output, metrics)
     if args.report:
@@ -135,19 +140,18 @@ def run(args: argparse.Namespace) -> int:
         args.output_parameters,
         {"accuracy": result.accuracy, "loss": result.loss, "passed": passed},
     )
-    verdict = "passed" if passed else "below threshold"
     print(
-        f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples} test samples: "
-        f"{verdict} ({gate.describe()})"
+        f"accuracy {result.accuracy:.3f} loss {result.loss:.4f} on {result.samples:d} test "
+        f"samples: {'passed' if passed else 'below threshold'} "
+        f"({terminal_text(gate.describe())})"
     )
     if args.report:
-        print(f"report {report}")
+        print(f"report {terminal_text(str(report))}")
     return 0 if passed or not args.fail_below_threshold else 3
 
 
 def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     """Your evaluation program scores the model; its metrics are published and gated."""
-    from kubetrain.artifacts.model_card import read_model_card
     from kubetrain.components.evaluate_model.evaluate import (
         Gate,
         evaluate_with_program,
@@ -165,17 +169,18 @@ def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     if args.report:
         check_report_dir(args.report, report_inputs)
     gate = Gate.of(args.metric, args.threshold, args.below)
+    card = program_inputs_checked(args.model, args.data)
     result = evaluate_with_program(command, args.model, args.data, gate)
     metrics = {**result.metrics, "passed": result.passed}
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        print("\n".join(terminal_text(line) for line in json.dumps(metrics, indent=2).split("\n")))
     if args.metrics_output:
         write_json(args.metrics_output, metrics)
     if args.report:
-        card = read_model_card(args.model)
         verdict = Verdict.of(gate, result.metrics)
         report = metrics_report(card, result.metrics, verdict, name=folder_name(args.model))
-        print(f"report {write_report(report, args.report, report_inputs)}")
+        written = write_report(report, args.report, report_inputs)
+        print(f"report {terminal_text(str(written))}")
     write_output_parameters(
         args.output_parameters,
         {
@@ -185,5 +190,29 @@ def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:
         },
     )
     shown = " ".join(f"{name} {value:g}" for name, value in sorted(result.metrics.items()))
-    print(f"{shown}: {'passed' if result.passed else 'not passed'} ({gate.describe()})")
+    print(
+        f"{terminal_text(shown)}: {'passed' if result.passed else 'not passed'} "
+        f"({terminal_text(gate.describe())})"
+    )
     return 0 if result.passed or not args.fail_below_threshold else 3
+
+
+def program_inputs_checked(model: str, data: str) -> dict:
+    """The model's card, read before your program runs: a missing or foreign --model (or a
+    --data that is no dataset) is refused in one line, not found by the program after it ran."""
+    from kubetrain.artifacts.datasets import read_manifest
+    from kubetrain.artifacts.model_card import read_model_card
+
+    try:
+        card = read_model_card(model)
+    except IntegrityError as exc:
+        problem = str(exc).partition("; ")[0]
+        raise InvalidInput("--model", problem, "give a folder `kubetrain collect` wrote") from None
+    if data:
+        try:
+            read_manifest(data)
+        except IntegrityError as exc:
+            problem = str(exc).partition("; ")[0]
+            fix = "give a folder `kubetrain prep` wrote, or leave --data out"
+            raise InvalidInput("--data", problem, fix) from None
+    return card

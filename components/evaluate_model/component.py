@@ -44,7 +44,7 @@ def evaluate_model(
         folder_name,
     )
     from kubetrain.components.evaluate_model.evaluate import evaluate_model as evaluate
-    from kubetrain.errors import InvalidInput
+    from kubetrain.errors import InvalidInput, terminal_text
     from kubetrain.process_exit import skip_exit_collection
     from kubetrain.storage.atomic import write_text
 
@@ -63,7 +63,7 @@ def evaluate_model(
         verdict = Verdict.of(gate, done.metrics)
         page = metrics_report(card, done.metrics, verdict, name=folder_name(model.path))
         write_text(report.path, page.html)
-        print(f"{gate.describe()}: {'passed' if done.passed else 'not passed'}")
+        print(f"{terminal_text(gate.describe())}: {'passed' if done.passed else 'not passed'}")
         return outputs(done.passed, done.metrics.get("accuracy", 0.0), done.metrics[gate.metric])
     if not data_dir:
         raise InvalidInput(
@@ -86,7 +86,7 @@ def evaluate_model(
     classification_metrics.log_confusion_matrix(result.classes, result.confusion_matrix)
     write_text(report.path, evaluation_report(model.path, data_dir, result, gate).html)
     print(
-        f"accuracy {result.accuracy:.3f} ({gate.describe()}): "
+        f"accuracy {result.accuracy:.3f} ({terminal_text(gate.describe())}): "
         f"{'passed' if passed else 'below threshold'}"
     )
     skip_exit_collection()  # the step's process ends here: skip the exit scan of torch's objects

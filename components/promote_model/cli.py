@@ -6,8 +6,13 @@ import argparse
 
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
+from kubetrain.errors import terminal_text
+
+#: What ``--output-parameters DIR`` holds once the step is done, one file each.
+OUTPUT_NAMES = ("promoted_to", "sha256")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_parameters(args.output_parameters, OUTPUT_NAMES)
     from kubetrain.components.promote_model.promote import promote_model
 
     promoted = promote_model(
@@ -65,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         accuracy=args.accuracy,
         run_claim_mount=args.run_claim_mount,
     )
-    print(f"promoted {promoted.version} (sha256 {promoted.sha256}) to {promoted.path}")
+    print(
+        terminal_text(f"promoted {promoted.version} (sha256 {promoted.sha256}) to {promoted.path}")
+    )
     write_output_parameters(
         args.output_parameters, {"promoted_to": promoted.path, "sha256": promoted.sha256}
     )

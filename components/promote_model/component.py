@@ -21,10 +21,13 @@ def promote_model(
     from collections import namedtuple
 
     from kubetrain.components.promote_model.promote import promote_model as promote
+    from kubetrain.errors import terminal_text
 
     # collect's model is a LOCATION pointer when it went to `storage`: promote follows it
     promoted = promote(model.path, registry, version, accuracy=accuracy if accuracy >= 0 else None)
-    print(f"promoted {promoted.version} (sha256 {promoted.sha256}) to {promoted.path}")
+    print(
+        terminal_text(f"promoted {promoted.version} (sha256 {promoted.sha256}) to {promoted.path}")
+    )
     return namedtuple("PromoteOutputs", ["promoted_to", "sha256"])(promoted.path, promoted.sha256)
 
 
@@ -39,6 +42,7 @@ def promotion_gate(passed: bool, model_registry: str = "", storage: str = "") ->
     kfp/local/orchestrator/enhanced_dag_orchestrator.py ConditionEvaluator resolves
     ``<task>-Output`` and ``<task>--<output>`` channels only)."""
     from kubetrain import storage as object_storage
+    from kubetrain.errors import terminal_text
 
     if not passed:
         reason = "the model did not pass the evaluation"
@@ -52,7 +56,7 @@ def promotion_gate(passed: bool, model_registry: str = "", storage: str = "") ->
             f"storage; give model_registry as a URL, e.g. {storage.rstrip('/')}/registry"
         )
     else:
-        print(f"promoting to {model_registry}")
+        print(f"promoting to {terminal_text(model_registry)}")
         return True
-    print(f"not promoting: {reason}")
+    print(f"not promoting: {terminal_text(reason)}")
     return False

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from kubetrain import rules
+from kubetrain.errors import terminal_text
 
 #: (step folder, a component function in its component.py, the YAML file it compiles to)
 COMPONENTS = (
@@ -157,6 +158,6 @@ def run(args: argparse.Namespace) -> int:
     output_dir = args.output_dir.absolute()
     written = compile_into(output_dir, args.storage_secret)
     for path in written:
-        print(f"wrote {path}")
-    print(f"compiled {len(written)} files under {output_dir}")
+        print(f"wrote {terminal_text(str(path))}")
+    print(f"compiled {len(written)} files under {terminal_text(str(output_dir))}")
     return 0

@@ -24,6 +24,7 @@ from kubetrain.components.launch_trainjob.cli import (
     add_job_arguments,
     add_training_arguments,
 )
+from kubetrain.errors import terminal_text
 
 # Mirrors kubetrain.render.pod.DEFAULT_DATA_DIR; kept literal so --help imports nothing heavy.
 DEFAULT_DATA_DIR = "/mnt/shared/data"
@@ -190,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
         # v2.2.0 pkg/runtime/core/trainingruntime.go); launch merges the runtime's in first,
         # render cannot read it.
         print(
-            f"kubetrain render: warning: Trainer {args.trainer_version} replaces the runtime's "
-            "resources with these; `kubetrain launch` merges the runtime's in first (it reads "
-            "the runtime), this offline render does not",
+            f"kubetrain render: warning: Trainer {terminal_text(args.trainer_version)} replaces "
+            "the runtime's resources with these; `kubetrain launch` merges the runtime's in "
+            "first (it reads the runtime), this offline render does not",
             file=sys.stderr,
         )
     return _print_documents(documents)
@@ -231,7 +232,9 @@ def run_rbac(args: argparse.Namespace) -> int:
 def _print_documents(documents: list[dict[str, Any]]) -> int:
     import yaml
 
-    print(yaml.dump_all(documents, Dumper=_block_dumper(), sort_keys=False), end="")
+    text = yaml.dump_all(documents, Dumper=_block_dumper(), sort_keys=False)
+    # each line escaped: a user's value (an env value, a label) may hold a control character
+    print("\n".join(terminal_text(line) for line in text.split("\n")), end="")
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
-from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
+from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError, terminal_text
 from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
 from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
 
@@ -212,12 +212,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
     resolve_procs_per_node(args.procs_per_node, 0, "--procs-per-node")
     validate_threshold(args.threshold)
     check_source(args.dataset, "--dataset")
-    if program(args) and args.model in BUILTIN_MODELS:
-        raise InvalidInput(
-            "--model",
-            f"{args.model} is our trainer's model, not your program's",
-            "give the factory that builds your model, e.g. --model netdef:build",
-        )
+    check_program_model(program(args), args.model, "--model")
     if args.state_key and not program(args):
         raise InvalidInput(
             "--state-key",
@@ -245,7 +240,61 @@ def validate_arguments(args: argparse.Namespace) -> None:
         check_value("image", args.image, "--image")
     if args.namespace:
         check_value("namespace", args.namespace, "--namespace")
-    registry_location(args)  # refused now, not after the training
+    check_locations(args)
+
+
+def check_locations(args: argparse.Namespace) -> None:
+    """Every folder the run writes into and the program it starts, checked as the step that
+    uses them would, before prep writes anything: found by launch or promote, a bad one fails
+    the run after its steps have written (and trained)."""
+    import shutil
+
+    from kubetrain import storage
+    from kubetrain.backends.local.files import ROOT_ENV, local_root
+    from kubetrain.backends.local.supervisor import program_path
+    from kubetrain.components._shared.step_outputs import check_folder_can_be_made
+
+    check_folder_can_be_made(
+        args.output, "--output", "give a folder path that is new or a folder you may write in"
+    )
+    registry = registry_location(args)
+    if storage.is_local(registry):  # promote's rule: a folder, made if missing
+        check_folder_can_be_made(
+            Path(registry),
+            "--registry",
+            "give a folder path you may write in, or a URL such as s3://bucket/models",
+        )
+    if args.storage and storage.is_local(args.storage):
+        check_folder_can_be_made(
+            storage.local_path(args.storage, "--storage"),
+            "--storage",
+            "give a folder path you may write in, or a URL such as s3://bucket/runs",
+        )
+    if args.backend != "local":
+        return  # the nodes run on the cluster: the program is the image's, the folders theirs
+    check_folder_can_be_made(
+        local_root(),
+        ROOT_ENV,
+        "set it to a folder you may write in (the local jobs' folders go there)",
+    )
+    # the local backend's rule (LocalBackend.create), which it applies only at launch
+    if (command := program(args)) and shutil.which(command[0], path=program_path()) is None:
+        raise InvalidInput(
+            "command",
+            f"{command[0]!r} is not found on PATH",
+            "give an installed program or a path to one (it runs with your PATH)",
+        )
+
+
+def check_program_model(command: list[str] | tuple[str, ...], model: object, field: str) -> None:
+    """Refuse our trainer's built-in model named for a user's program: collect and evaluate
+    rebuild the program's model with ``model``, so a built-in one fails them after training."""
+    if command and model in BUILTIN_MODELS:
+        raise InvalidInput(
+            field,
+            f"{model} is our trainer's model, not your program's",
+            "give the factory that builds your model (package.module:callable), e.g. netdef:build",
+        )
 
 
 #: The first kfp whose local runner runs a ``dsl.ExitHandler``, which the pipeline has (kfp 2.17
@@ -336,8 +385,10 @@ def run(args: argparse.Namespace) -> int:
             if kept := kept_job(run_folders):
                 job, job_dir = kept
                 print(
-                    f"the job's node logs and checkpoints stay in {job_dir}; "
-                    f"`kubetrain delete {job}` removes them"
+                    terminal_text(
+                        f"the job's node logs and checkpoints stay in {job_dir}; "
+                        f"`kubetrain delete {job}` removes them"
+                    )
                 )
             see_more = how_to_see_more(run_folders)
             raise KubetrainError(view.failure(see_more, f"pipeline failed: {exc}")) from exc
@@ -347,32 +398,31 @@ def run(args: argparse.Namespace) -> int:
     launched = step_parameters(steps, "launch-trainjob")
     events = tensorboard_events(launched["checkpoint_dir"], steps)
     if args.backend == "local":  # a cluster job's pods and records go with the job
-        print(job_folder_outcome(launched["job_name"], args.keep_job))
+        print(terminal_text(job_folder_outcome(launched["job_name"], args.keep_job)))
     evaluation = step_parameters(steps, "evaluate-model")
     accuracy, passed = evaluation["accuracy"], evaluation["passed"]
     verdict = "passed" if passed else "below threshold"
-    print()
     training = (
         " ".join(program(args)) if program(args) else f"{args.strategy}, {args.epochs} epochs"
     )
     procs_per_node = resolve_procs_per_node(args.procs_per_node, 0)
-    print(
-        f"kubetrain run: {args.nodes} node(s) x {procs_per_node} process(es), "
-        f"{training} on {args.dataset}"
-    )
-    print(f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})")
-    print(f"time     {elapsed:.1f}s")
-    print(f"model    {storage.dereference(str(steps / 'collect-checkpoint' / 'model'))}")
-    print(f"metrics  {publish_metrics(steps)}")
-    print(f"report   {publish_report(str(steps / 'evaluate-model' / 'report'))}")
-    if events is not None:
-        print(f"events   {events} (tensorboard --logdir)")
     promoted = (steps / "promote-model" / EXECUTOR_OUTPUT).is_file()
-    print(
+    # the summary quotes the user's dataset, program, folders and registry: each line escaped
+    summary = [
+        "",
+        f"kubetrain run: {args.nodes} node(s) x {procs_per_node} process(es), "
+        f"{training} on {args.dataset}",
+        f"accuracy {accuracy:.3f} ({verdict}, threshold {args.threshold:g})",
+        f"time     {elapsed:.1f}s",
+        f"model    {storage.dereference(str(steps / 'collect-checkpoint' / 'model'))}",
+        f"metrics  {publish_metrics(steps)}",
+        f"report   {publish_report(str(steps / 'evaluate-model' / 'report'))}",
+        *([f"events   {events} (tensorboard --logdir)"] if events is not None else []),
         f"promoted {step_parameters(steps, 'promote-model')['promoted_to']}"
         if promoted
-        else "promoted no (see the promotion-gate step's log)"
-    )
+        else "promoted no (see the promotion-gate step's log)",
+    ]
+    print("\n".join(terminal_text(line) for line in summary))
     return 0 if passed else 3
 
 

@@ -4,15 +4,19 @@ the training workflow on an Argo Server (through Hera's ``WorkflowsService``).""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from kubetrain import rules
 from kubetrain.cli import submit_argo
 from kubetrain.cli.param_option import check_value, split_param
 from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
-from kubetrain.errors import InvalidInput, KubetrainError, reading
+from kubetrain.errors import InvalidInput, KubetrainError, reading, terminal_text
 from kubetrain.user_files import read_user_file
 
 
@@ -100,30 +104,118 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit_argo.register(targets)
 
 
-def pipeline_parameters(package: Path) -> dict[str, str]:
-    """Name → declared type of the compiled pipeline's input parameters."""
+class Declared(NamedTuple):
+    """A pipeline input parameter: its declared type and default (None: it has none)."""
+
+    kind: str
+    default: object = None
+
+
+def pipeline_parameters(package: Path) -> dict[str, Declared]:
+    """Name → declared type and default of the compiled pipeline's input parameters."""
     import yaml
 
     data = read_user_file(package, "--package", MAX_PACKAGE_BYTES, "run `kubetrain compile`")
     with reading(package):  # a corrupt or foreign package is one line naming it
         spec = next(yaml.safe_load_all(data.decode()))
         parameters = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-        return {name: p["parameterType"] for name, p in parameters.items()}
+        return {
+            name: Declared(p["parameterType"], p.get("defaultValue"))
+            for name, p in parameters.items()
+        }
 
 
-def parse_arguments(pairs: list[str], declared: dict[str, str]) -> dict[str, object]:
+def parse_arguments(pairs: list[str], declared: dict[str, Declared]) -> dict[str, object]:
     arguments: dict[str, object] = {}
     for pair in pairs:
         name, text = split_param(pair, declared, "pipeline")
+        kind = declared[name].kind
         try:
-            arguments[name] = PARAMETER_PARSERS[declared[name]](text)
+            arguments[name] = PARAMETER_PARSERS[kind](text)
         except (KeyError, ValueError):
             raise InvalidInput(
-                f"--param {name}", f"{text!r} is not a {declared[name].lower()}",
+                f"--param {name}", f"{text!r} is not a {kind.lower()}",
                 "give a value of the parameter's type",
             ) from None  # fmt: skip
         check_value(name, arguments[name], f"--param {name}")
     return arguments
+
+
+def check_run_parameters(values: Mapping[str, object]) -> None:
+    """Refuse what the prep and launch steps would refuse in the values a run is sent (given
+    with --param, else the pipeline's defaults), before the server is contacted: found by a
+    step, a bad value fails the run after the steps before it ran. ``command`` is a list (the
+    KFP pipeline's LIST) or JSON text (the Argo parameter, which launch reads as
+    ``--command-json``)."""
+    from kubetrain.cli.run import check_program_model
+    from kubetrain.components._shared.program import check_program_text, parse_command
+    from kubetrain.components.launch_trainjob.launch import text_list
+    from kubetrain.jobspec import TrainJobSpec
+
+    field = "--param command"
+    value = values.get("command")
+    if isinstance(value, str):
+        command = parse_command(value, field)
+    else:
+        command = tuple(text_list(value, field))
+    if command:
+        # the launch step's checks of a program (plan_launch): its text can reach argv (no
+        # NUL byte), and the job spec it makes names one (TrainJobSpec.validate)
+        check_program_text(command, field)
+        TrainJobSpec(name="program", command=command[:1], args=command[1:]).validate()
+        check_program_model(command, values.get("model"), "--param model")
+    if "dataset_source" in values:
+        check_dataset_source(str(values["dataset_source"]), "--param dataset_source")
+
+
+def check_dataset_source(source: str, field: str) -> None:
+    """prep's rule for its source (``check_source``), but a path: that is one on the prep
+    step's pod, which need not exist here."""
+    from kubetrain.components.dataset_prep.prep import check_source
+
+    scheme, sep, _ = source.partition(":")
+    is_path = bool(source.strip()) and (
+        not sep or scheme.lower() == "file" or source.startswith(("/", ".", "~"))
+    )
+    if not is_path:
+        check_source(source, field)
+
+
+@contextlib.contextmanager
+def client_logs_kept() -> Iterator[list[logging.LogRecord]]:
+    """Keep what the KFP client logs instead of printing it: it logs each failed attempt to
+    reach the server's healthz with its traceback (kfp 2.17.3 kfp/client/client.py
+    ``get_kfp_healthz``: ``logging.exception``, 5 attempts; the first one installs a stderr
+    handler on the root logger), and urllib3 its retries; the failure is then one line. Its
+    warning that it needs a v2 server (kfp/client/client.py ``Client.__init__``), which our
+    pipeline needs anyway, is not shown."""
+    kept: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record)
+
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    root.handlers[:] = [Keep()]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "This client only works", FutureWarning)
+            yield kept
+    finally:
+        root.handlers[:] = handlers
+
+
+def last_logged_failure(records: list[logging.LogRecord]) -> str:
+    """What the last kept record with an exception says, as a clause of the error line (empty
+    when none): the server's answer to the last attempt (KFP's ApiException has its status)."""
+    failures = [record.exc_info[1] for record in records if record.exc_info]
+    if not failures:
+        return ""
+    last = failures[-1]
+    status, reason = getattr(last, "status", None), getattr(last, "reason", None)
+    said = f"{status} {reason}" if status else f"{type(last).__name__}: {str(last)[:200]}"
+    return f" (the last attempt: {' '.join(said.split())})"
 
 
 def run_kfp(args: argparse.Namespace) -> int:
@@ -142,24 +234,31 @@ def run_kfp(args: argparse.Namespace) -> int:
             "--service-account",
             "give a ServiceAccount's name, e.g. kubetrain",
         )
-    arguments = parse_arguments(args.param, pipeline_parameters(package))
+    declared = pipeline_parameters(package)
+    arguments = parse_arguments(args.param, declared)
+    defaults = {name: p.default for name, p in declared.items() if p.default is not None}
+    check_run_parameters({**defaults, **arguments})
     http_timeout()  # a bad KUBETRAIN_HTTP_TIMEOUT_SECONDS is refused here, as bad input
     try:
-        client = kfp_client(args.host, args.namespace)
-        result = client.create_run_from_pipeline_package(
-            str(package),
-            arguments=arguments,
-            run_name=args.run_name,
-            experiment_name=args.experiment,
-            namespace=args.namespace,
-            # empty: none sent, so the server picks its default (backend/src/apiserver/
-            # template/template.go setDefaultServiceAccount)
-            service_account=args.service_account or None,
-        )
+        with client_logs_kept() as logged:
+            client = kfp_client(args.host, args.namespace)
+            result = client.create_run_from_pipeline_package(
+                str(package),
+                arguments=arguments,
+                run_name=args.run_name,
+                experiment_name=args.experiment,
+                namespace=args.namespace,
+                # empty: none sent, so the server picks its default (backend/src/apiserver/
+                # template/template.go setDefaultServiceAccount)
+                service_account=args.service_account or None,
+            )
     except ServerSilent as exc:
         raise KubetrainError(f"could not create the run: {exc}") from None
     except Exception as exc:  # the KFP client raises many kinds; report them as one line
-        raise KubetrainError(f"could not create the run on {args.host}: {exc}") from exc
-    print(f"run {result.run_id} created on {args.host}")
-    print(result.run_id)
+        raise KubetrainError(
+            f"could not create the run on {args.host}: {exc}{last_logged_failure(logged)}"
+        ) from exc
+    # the run id is the server's text, the host the user's
+    print(terminal_text(f"run {result.run_id} created on {args.host}"))
+    print(terminal_text(str(result.run_id)))
     return 0

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kubetrain import rules
 from kubetrain.cli.param_option import check_value, split_param
-from kubetrain.errors import InvalidInput, KubetrainError
+from kubetrain.errors import InvalidInput, KubetrainError, terminal_text
 from kubetrain.user_files import MIB, read_user_file
 
 if TYPE_CHECKING:
@@ -220,6 +220,17 @@ def declared_parameters(document: dict[str, Any]) -> dict[str, list[str] | None]
     return {p["name"]: p.get("enum") for p in parameters if isinstance(p, dict) and "name" in p}
 
 
+def workflow_defaults(document: dict[str, Any]) -> dict[str, str]:
+    """Name → value of the workflow's parameters that have one: what a run gets unless
+    --param sets it."""
+    parameters = (document["spec"].get("arguments") or {}).get("parameters") or []
+    return {
+        p["name"]: str(p["value"])
+        for p in parameters
+        if isinstance(p, dict) and "name" in p and "value" in p
+    }
+
+
 def parse_workflow_arguments(
     pairs: list[str], declared: dict[str, list[str] | None]
 ) -> dict[str, str]:
@@ -370,8 +381,11 @@ def run_argo(args: argparse.Namespace) -> int:
         document = load_argo_package(args.package, kind)
     else:
         document = build_training_workflow(kind).to_dict()
+    from kubetrain.cli.submit import check_run_parameters
+
     arguments = parse_workflow_arguments(args.param, declared_parameters(document))
     check_registry_outlives_run(document, arguments)  # else refused only after the training
+    check_run_parameters({**workflow_defaults(document), **arguments})
     if not verify:
         import urllib3
 
@@ -478,7 +492,9 @@ def submit_from_template(
                     namespace=namespace,
                 )
                 action = "updated"
-            print(f"workflowtemplate {template_name} {action} in namespace {namespace}")
+            print(
+                terminal_text(f"workflowtemplate {template_name} {action} in namespace {namespace}")
+            )
         options = SubmitOpts(
             parameters=[f"{name}={value}" for name, value in arguments.items()] or None,
             generate_name=args.generate_name,
@@ -503,8 +519,12 @@ def report(created: Any, namespace: str, host: str, how: str) -> int:
     """Print the new workflow's name and how to follow it; the name is the last line."""
     name = created.metadata.name
     namespace = created.metadata.namespace or namespace
-    print(f"workflow {name} {how} in namespace {namespace} on {host}")
-    print(f"  follow it: argo watch -n {namespace} {name}")
-    print(f"  its logs:  argo logs -n {namespace} {name} --follow")
-    print(name)
+    # the name and namespace are the server's text, the host the user's
+    lines = [
+        f"workflow {name} {how} in namespace {namespace} on {host}",
+        f"  follow it: argo watch -n {namespace} {name}",
+        f"  its logs:  argo logs -n {namespace} {name} --follow",
+        str(name),
+    ]
+    print("\n".join(terminal_text(line) for line in lines))
     return 0

@@ -158,9 +158,43 @@ def load_split(data_dir: storage.Location, split: str, verify: bool = True):
             f"dataset {data_dir}: {entry['file']} is not a dataset split "
             f"({refusal_reason(exc)}); prepare the dataset again with `kubetrain prep`"
         ) from None
-    if len(x) != entry["count"] or len(y) != entry["count"]:
+    problem = _split_problem(
+        x, y, entry["count"], manifest["sample_shape"], manifest["num_classes"]
+    )
+    if problem:
         raise IntegrityError(
-            f"dataset {data_dir}: split {split} has {len(x)} samples, "
-            f"manifest says {entry['count']}"
+            f"dataset {data_dir}: {entry['file']} (split {split}) {problem}; prepare the "
+            "dataset again with `kubetrain prep`"
         )
     return x, y
+
+
+def _layout(tensor: Any) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
+
+
+def _split_problem(
+    x: Any, y: Any, count: int, sample_shape: list[int], num_classes: int
+) -> str | None:
+    """What keeps a split's tensors from being the samples its manifest describes, or None.
+
+    The digest covers the bytes, not their meaning: a split written by something other than
+    prep (or with its manifest rewritten to match) reached the trainer as an "internal error"
+    at the first step (integer or half samples, 2-D labels), a wrong count was reported with
+    the sample count as both numbers, and NaN samples trained to a NaN model."""
+    import torch
+
+    expected_x = f"float32 {[count, *sample_shape]}"
+    if _layout(x) != expected_x:
+        return f"holds x {_layout(x)}; the manifest says {expected_x}"
+    if _layout(y) != f"int64 {[count]}":
+        return f"holds y {_layout(y)}; the manifest says int64 {[count]}"
+    if count and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        return (
+            f"has labels {int(y.min())}..{int(y.max())}, outside the manifest's "
+            f"{num_classes} classes 0..{num_classes - 1}"
+        )
+    non_finite = int((~torch.isfinite(x)).sum())
+    if non_finite:
+        return f"has {non_finite} sample values that are NaN or infinite"
+    return None

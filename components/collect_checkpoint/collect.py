@@ -29,7 +29,8 @@ from kubetrain import storage
 from kubetrain.artifacts.checkpoint_formats.writer import NonfiniteScan
 from kubetrain.artifacts.manifest import MANIFEST, check_model_code, shown
 from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT, SOURCE_KUBETRAIN
-from kubetrain.artifacts.output_rule import MODEL, check_output
+from kubetrain.artifacts.output_rule import MODEL, CheckedOutput, check_output
+from kubetrain.artifacts.publish import publish_verified
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.components._shared.program import absolute_location
 from kubetrain.errors import IntegrityError, InvalidInput
@@ -85,8 +86,8 @@ def collect_checkpoint(
             "the training job ran and wrote a checkpoint there"
         )
     # before the work: an output the rule allows (never the checkpoint folder itself)
-    check_output(output_dir, "output", MODEL, {"checkpoint_dir": checkpoint_dir})
-    publishing = Publishing(export, model_factory, state_key, allow_nonfinite, data)
+    output = check_output(output_dir, "output", MODEL, {"checkpoint_dir": checkpoint_dir})
+    publishing = Publishing(output, export, model_factory, state_key, allow_nonfinite, data)
     local = storage.is_local(checkpoint_dir)
     root = storage.local_path(checkpoint_dir, "checkpoint_dir") if local else None
     if checkpoint_file:
@@ -129,8 +130,10 @@ def collect_checkpoint(
 
 @dataclass(frozen=True)
 class Publishing:
-    """How the model is taken and published, whatever the checkpoint's format."""
+    """How the model is taken and published, whatever the checkpoint's format: ``output`` is
+    where the output rule allowed it."""
 
+    output: CheckedOutput
     export: str
     model_factory: str
     state_key: str
@@ -198,7 +201,7 @@ def _collect_ours(
         else:
             model_sha256 = _gather_shards(checkpoint, staged / MODEL_FILE)
         card = _model_card(checkpoint, manifest, model_sha256)
-        _publish(staged, card, output_dir, publishing, scan)
+        _publish(staged, card, model_sha256, publishing, scan)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -246,7 +249,7 @@ def _collect_foreign(
             "checkpoint_files": converted.files,
             "sha256": converted.sha256,
         }
-        _publish(staged, card, output_dir, publishing, scan)
+        _publish(staged, card, converted.sha256, publishing, scan)
     finally:
         storage.discard_staging(staged)
     return CollectedModel(
@@ -257,14 +260,15 @@ def _collect_foreign(
 def _publish(
     staged: Path,
     card: dict[str, Any],
-    output_dir: str,
+    model_sha256: str,
     publishing: Publishing,
     scan: NonfiniteScan,
 ) -> None:
     """Write the card beside the staged model (and the export, checked against the model before
-    it is kept), then publish the folder at ``output_dir``. Every format passes here: a model
-    holding NaN or Inf is refused here, whatever wrote it (``scan`` saw its bytes as they were
-    written, or it is read once more)."""
+    it is kept), then publish the folder where the output rule allowed. Every format passes
+    here: a model holding NaN or Inf is refused here, whatever wrote it (``scan`` saw its bytes
+    as they were written, or it is read once more). ``model_sha256`` is the model file's, as
+    the copy verified it or the writer hashed it."""
     if not publishing.allow_nonfinite:
         scan.refuse(staged / MODEL_FILE, f"checkpoint {card['source_checkpoint']}")
     (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
@@ -273,7 +277,7 @@ def _publish(
 
         export_model(staged, publishing.export, model_factory=publishing.model_factory or None)
     # the model file's sha256 was verified as it was staged: not hashed again to upload it
-    storage.publish_dir(staged, output_dir, MODEL_CARD, {MODEL_FILE: card["sha256"]})
+    publish_verified(staged, publishing.output, {MODEL_FILE: model_sha256})
 
 
 def _copy_rank0_model(

@@ -12,7 +12,6 @@ server reading it sees the old or the new pointer, never half of one.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -30,9 +29,10 @@ from kubetrain.artifacts.model_card import (
     REGISTRY_POINTER_FORMAT,
     read_model_card,
 )
+from kubetrain.artifacts.output_rule import registry_version
+from kubetrain.artifacts.publish import publish_verified
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
-from kubetrain.storage import atomic
 from kubetrain.storage.verified_copy import copy_verified
 
 POINTER, POINTER_FORMAT = REGISTRY_POINTER, REGISTRY_POINTER_FORMAT
@@ -216,13 +216,13 @@ def _published_sha256(target: storage.Location) -> str | None:
 def _publish_version(source: storage.Location, card: dict[str, Any], target: Path | str) -> bool:
     """Copy the model file (verified against the card's sha256 on the way) and the card into a
     staging folder, check the file is a safetensors file (a registry serves only those) and
-    publish it at ``target``; False if a local ``target`` appeared meanwhile. Locally a plain
-    rename, which never replaces a non-empty folder (unlike ``atomic.publish_dir``), so a
-    published version is never overwritten, even by a race; on object storage
-    :func:`kubetrain.storage.publish_dir`, the card last."""
+    publish it at ``target`` by the one road (:func:`kubetrain.artifacts.publish.publish_verified`,
+    a registry version); False if a local ``target`` appeared meanwhile. Locally a plain
+    rename, which never replaces a non-empty folder, so a published version is never
+    overwritten, even by a race; on object storage the card last."""
     staged = storage.staging_dir(target)
     try:
-        copy_verified(
+        copied = copy_verified(
             str(storage.join(source, MODEL_FILE)),
             str(staged / MODEL_FILE),
             expected_sha256=card["sha256"],
@@ -236,18 +236,9 @@ def _publish_version(source: storage.Location, card: dict[str, Any], target: Pat
             ) from None
         # The card we verified, not a re-read of the source: it may have been re-collected since.
         (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
-        if not isinstance(target, Path):
-            storage.publish_dir(staged, target, MODEL_CARD, {MODEL_FILE: card["sha256"]})
-            return True
-        atomic.fsync_tree(staged)
-        os.rename(staged, target)
-    except BaseException as exc:
-        storage.discard_staging(staged)
-        if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-            return False
-        raise
-    atomic.fsync_dir(target.parent)
-    return True
+        return publish_verified(staged, registry_version(target), {MODEL_FILE: copied.sha256})
+    finally:
+        storage.discard_staging(staged)  # gone once published
 
 
 def _pointed_at(pointer: storage.Location) -> tuple[str, str] | None:

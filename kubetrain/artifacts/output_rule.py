@@ -10,7 +10,9 @@ the dataset staging copy): publishing replaces the target folder, so before any 
 - not a published version of a model registry (a folder beside the registry's ``PROMOTED``
   pointer): versions are immutable, and only ``kubetrain promote`` writes there.
 
-Anything else is refused with one line naming the option, before anything is created.
+Anything else is refused with one line naming the option, before anything is created. What
+the rule allows comes back as a :class:`CheckedOutput`, which only this module makes and which
+:func:`kubetrain.artifacts.publish.publish_verified`, the one road to publishing, requires.
 """
 
 from __future__ import annotations
@@ -47,12 +49,23 @@ REPORT = OutputKind("report", "report.json", "kubetrain.report/v1")
 _MARKER_LIMIT = 16 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class CheckedOutput:
+    """A location a rule of this module allowed a ``kind`` to be published at: by
+    :func:`check_output` (``replaces``: an earlier output of the kind is replaced), or by
+    :func:`registry_version` (a registry version, never replaced)."""
+
+    location: storage.Location
+    kind: OutputKind
+    replaces: bool
+
+
 def check_output(
     location: storage.Location,
     field: str,
     kind: OutputKind,
     inputs: Mapping[str, storage.Location] | None = None,
-) -> None:
+) -> CheckedOutput:
     """Refuse ``location`` (the option ``field``) as the output of a step publishing a ``kind``
     whose inputs are ``inputs`` (option name -> location), unless the rule above allows it."""
     text = os.fspath(location) if isinstance(location, str | os.PathLike) else ""
@@ -70,6 +83,14 @@ def check_output(
         _check_local_target(text, field, kind)
     else:
         _check_remote_target(text, field, kind)
+    return CheckedOutput(location, kind, replaces=True)
+
+
+def registry_version(target: storage.Location) -> CheckedOutput:
+    """A new version of a model registry, as ``kubetrain promote`` checked it (its name, its
+    registry): the one output beside a ``PROMOTED`` pointer, published only where nothing is
+    yet (a version is never replaced)."""
+    return CheckedOutput(target, MODEL, replaces=False)
 
 
 def is_output_of(location: storage.Location, kind: OutputKind) -> bool:

@@ -331,5 +331,17 @@ def publish_dir(
     return os.fspath(final)
 
 
+def publish_new_dir(
+    staged: Path, final: Location, manifest: str, known_sha256: Mapping[str, str] | None = None
+) -> bool:
+    """Publish like :func:`publish_dir`, but locally only where no folder with entries is yet
+    (a plain rename): False, ``staged`` left to the caller, when one is. On object storage,
+    where a folder without its manifest is absent to readers, as :func:`publish_dir`."""
+    if is_local(final):
+        return atomic.publish_new_dir(staged, local_path(final))
+    publish_dir(staged, final, manifest, known_sha256)
+    return True
+
+
 def discard_staging(staged: Path) -> None:
     shutil.rmtree(staged, ignore_errors=True)

@@ -168,3 +168,19 @@ def publish_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -
         os.replace(staged, target)
     fsync_dir(target.parent)
     return target
+
+
+def publish_new_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -> bool:
+    """fsync a fully written staging folder and rename it to ``final`` only where no folder
+    with entries is (a plain rename never replaces one): False, and ``staged`` left to its
+    caller, when one is there already, even one that appeared a moment ago."""
+    staged, target = Path(staged), Path(final)
+    fsync_tree(staged)
+    try:
+        os.rename(staged, target)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+    fsync_dir(target.parent)
+    return True

@@ -22,7 +22,10 @@ class Progress:
     """Where training is: ``batch`` of ``batches`` in ``epoch`` of ``epochs``; ``step`` counts
     optimizer steps since the run began; ``loss`` is rank 0's mean training loss so far this
     epoch; ``samples_per_second`` is the whole job's rate this epoch (rank 0's times the world
-    size); ``eta_seconds`` is the estimate to the end of the last epoch (None: not yet known)."""
+    size); ``eta_seconds`` is the estimate to the end of the last epoch (None: not yet known);
+    ``heartbeat_seconds`` is the writer's promise that its next line comes within that many
+    seconds (None: no promise, e.g. at an epoch's last batch, before validation and a
+    checkpoint), from which `wait` derives how long a silence means a hung rank."""
 
     epoch: int
     epochs: int
@@ -32,6 +35,7 @@ class Progress:
     loss: float
     samples_per_second: float
     eta_seconds: float | None = None
+    heartbeat_seconds: float | None = None
 
     def fraction(self) -> float:
         """How much of the whole run is done, 0 to 1."""
@@ -87,10 +91,12 @@ def parse_record(line: str) -> Progress | None:
         return None
     whole = (progress.epoch, progress.epochs, progress.batch, progress.batches, progress.step)
     measured = (progress.loss, progress.samples_per_second)
-    eta = progress.eta_seconds
     if not all(_is_whole(v) for v in whole) or not all(_is_number(v) for v in measured):
         return None
-    if eta is not None and not _is_number(eta):
+    if progress.eta_seconds is not None and not _is_number(progress.eta_seconds):
+        return None
+    heartbeat = progress.heartbeat_seconds
+    if heartbeat is not None and not (_is_number(heartbeat) and 0 < heartbeat < math.inf):
         return None
     return progress
 

@@ -55,17 +55,22 @@ class PlainReporter:
     """One flushed line per event, for logs, and within an epoch a progress record every
     ``RECORD_SECONDS`` and at its last batch. The records are also the heartbeat: `wait`'s
     stall check takes a log silent for its stall timeout for a hung rank, so however
-    ``RECORD_SECONDS`` is set, a line comes at least every ``HEARTBEAT_SECONDS``."""
+    ``RECORD_SECONDS`` is set, a line comes at least every ``HEARTBEAT_SECONDS``, and each
+    record but an epoch's last says within how long the next one comes
+    (``heartbeat_seconds``): a record is written at the end of the first batch after its
+    interval, so that is the interval plus the slowest batch yet, and at least
+    ``HEARTBEAT_SECONDS``. `wait` derives its default stall timeout from it."""
 
     #: Often enough for a live display, rare enough to keep a long run's log short.
     RECORD_SECONDS = 2.0
-    #: Far below `wait`'s default stall timeout (1800 s).
+    #: Far below `wait`'s default stall timeout (1800 s), and the least a record promises.
     HEARTBEAT_SECONDS = 60.0
 
     def __init__(self, world_size: int = 1) -> None:
         self._world_size = world_size
         self._epoch = self._epochs = self._batches = self._done = 0
-        self._epoch_started = self._last_line = time.monotonic()
+        self._epoch_started = self._last_line = self._batch_started = time.monotonic()
+        self._slowest_batch = 0.0
         #: When and at which epoch this process began training (a resumed run starts late).
         self._first_epoch: int | None = None
         self._first_epoch_started = 0.0
@@ -75,14 +80,18 @@ class PlainReporter:
         if self._first_epoch is None:
             self._first_epoch, self._first_epoch_started = epoch, now
         self._epoch, self._epochs, self._batches, self._done = epoch, epochs, batches, 0
-        self._epoch_started = now
+        self._epoch_started = self._batch_started = now
+
+    def _interval(self) -> float:
+        return min(self.RECORD_SECONDS, self.HEARTBEAT_SECONDS)
 
     def advance(self, so_far: Callable[[], SoFar]) -> None:
         self._done += 1
         now = time.monotonic()
-        interval = min(self.RECORD_SECONDS, self.HEARTBEAT_SECONDS)
-        if self._done >= self._batches or now - self._last_line >= interval:
+        self._slowest_batch = max(self._slowest_batch, now - self._batch_started)
+        if self._done >= self._batches or now - self._last_line >= self._interval():
             self.line(format_record(self._progress(so_far())))
+        self._batch_started = time.monotonic()
 
     def _progress(self, so_far: SoFar) -> Progress:
         """The record: rates from rank 0's time since the epoch began (read after ``so_far``,
@@ -109,6 +118,11 @@ class PlainReporter:
             loss=round(so_far.loss, 6),  # short lines: a display shows 4 digits
             samples_per_second=round(so_far.samples / elapsed * self._world_size, 1),
             eta_seconds=round(eta, 1),
+            heartbeat_seconds=(
+                None
+                if self._done >= self._batches
+                else round(max(self.HEARTBEAT_SECONDS, self._interval() + self._slowest_batch), 1)
+            ),
         )
 
     def line(self, text: str) -> None:

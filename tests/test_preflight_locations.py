@@ -22,11 +22,8 @@ from tests.support.argo_server import ArgoServer
 from tests.support.processes import kubetrain_in_process as run_cli
 from tests.test_submit_kfp import FakeKfpApi, kfp_api  # noqa: F401 (a fixture)
 
-pytestmark = [
-    pytest.mark.bad_input,
-    # Hera 7.1's service serializes requests with pydantic's deprecated ``.json()``.
-    pytest.mark.filterwarnings("ignore:The `json` method is deprecated"),
-]
+# Hera 7.1's service serializes requests with pydantic's deprecated ``.json()``.
+pytestmark = pytest.mark.filterwarnings("ignore:The `json` method is deprecated")
 
 
 def one_line(err: str, prog: str, *needles: str) -> str:
@@ -47,6 +44,7 @@ def a_file(tmp_path) -> Path:
 
 
 # ----------------------------------------------------------------- the --output-parameters rule
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("where", "names", "problem"),
     [
@@ -74,6 +72,7 @@ def test_a_usable_output_parameters_folder_passes_and_nothing_is_made(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.bad_input
 def test_prep_checks_output_parameters_before_it_writes_the_dataset(tmp_path, a_file, capsys):
     data = tmp_path / "data"
     code, _, err = run_cli(
@@ -102,6 +101,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.bad_input
 def test_collect_checks_output_parameters_before_it_publishes(tiny_model, tmp_path, a_file, capsys):
     output = tmp_path / "model"
     args = ["collect", "--checkpoint-dir", tiny_model / "checkpoints", "--output", output]
@@ -111,6 +111,7 @@ def test_collect_checks_output_parameters_before_it_publishes(tiny_model, tmp_pa
     assert not output.exists()
 
 
+@pytest.mark.bad_input
 def test_promote_checks_output_parameters_before_it_publishes(tiny_model, tmp_path, a_file, capsys):
     registry = tmp_path / "registry"
     args = ["promote", "--model", tiny_model / "model", "--registry", registry, "--version", "v1"]
@@ -120,6 +121,7 @@ def test_promote_checks_output_parameters_before_it_publishes(tiny_model, tmp_pa
     assert not registry.exists()
 
 
+@pytest.mark.bad_input
 def test_evaluate_checks_output_parameters_before_its_program_runs(tiny_model, tmp_path, capsys):
     """An output of the step that is a folder: found only once the metrics were written."""
     (tmp_path / "outputs" / "accuracy").mkdir(parents=True)
@@ -133,6 +135,7 @@ def test_evaluate_checks_output_parameters_before_its_program_runs(tiny_model, t
 
 
 # ----------------------------------------------------------------- evaluate -- CMD's inputs
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("model", "data", "line"),
     [
@@ -182,6 +185,7 @@ def run_checked(folder: Path, *args: object, root: Path | None = None) -> tuple[
     return json.loads(result.stdout.splitlines()[-1])["code"], result.stderr.splitlines()
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("args", "root", "line"),
     [
@@ -251,6 +255,7 @@ BAD_IDS = ["not-texts", "nul", "empty-program", "program-default-mlp", "program-
            "unknown-sklearn", "unknown-scheme", "empty-source"]  # fmt: skip
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(("params", "message"), BAD_PARAMETERS, ids=BAD_IDS)
 def test_submit_kfp_applies_the_steps_rules_before_contacting_the_server(
     kfp_api,  # noqa: F811
@@ -266,6 +271,7 @@ def test_submit_kfp_applies_the_steps_rules_before_contacting_the_server(
     assert received == []
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("params", "message"),
     [

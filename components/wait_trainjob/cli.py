@@ -7,9 +7,14 @@ import argparse
 from kubetrain.components._shared.backend_options import add_backend_arguments, backend_options
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_output_parameters,
     write_output_parameters,
 )
 from kubetrain.components.wait_trainjob.wait import AUTO, DEFAULT_STALL_TIMEOUT_SECONDS
+from kubetrain.errors import terminal_text
+
+#: The files ``--output-parameters`` gets: what Argo's template reads.
+OUTPUT_NAMES = ("state", "duration_seconds")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from kubetrain.components._shared.progress_display import ProgressDisplay
     from kubetrain.components.wait_trainjob.wait import unschedulable_grace, wait_for_job
 
+    check_output_parameters(args.output_parameters, OUTPUT_NAMES)  # before the wait, not after
     options = replace(
         backend_options(args),
         unschedulable_grace=unschedulable_grace(args.unschedulable_grace_seconds),
@@ -81,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
             options=options.validate(),
             stall_timeout_seconds=args.stall_timeout,
         )
-    print(f"job {result.job_name} {result.state} after {result.duration_seconds:.1f}s")
-    write_output_parameters(
-        args.output_parameters,
-        {"state": result.state, "duration_seconds": round(result.duration_seconds, 3)},
+    print(
+        f"job {terminal_text(result.job_name)} {terminal_text(result.state)} after "
+        f"{result.duration_seconds:.1f}s"
     )
+    outputs = (result.state, round(result.duration_seconds, 3))
+    write_output_parameters(args.output_parameters, dict(zip(OUTPUT_NAMES, outputs, strict=True)))
     return 0

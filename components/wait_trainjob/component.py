@@ -81,6 +81,7 @@ def delete_trainjob(
     exit handler."""
     from kubetrain.backends import BackendOptions
     from kubetrain.components.wait_trainjob.wait import delete_run_job
+    from kubetrain.errors import terminal_text
 
     outcome = delete_run_job(
         run_name, backend=backend, options=BackendOptions(namespace=namespace), keep_complete=True
@@ -88,4 +89,4 @@ def delete_trainjob(
     # Printed, not decided on: the KFP backend's driver passes the ML Metadata execution state
     # (kubeflow/pipelines 2.17.0 backend/src/v2/driver/resolve.go ~471: COMPLETE, RUNNING,
     # FAILED...), KFP's local runner SUCCEEDED, FAILED or CANCELLED.
-    print(f"KFP reports the run's body {status.state}: {outcome}")
+    print(f"KFP reports the run's body {terminal_text(status.state)}: {terminal_text(outcome)}")

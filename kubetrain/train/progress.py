@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from kubetrain.errors import terminal_text
 from kubetrain.progress import Progress, format_record
 
 
@@ -126,7 +127,7 @@ class PlainReporter:
         )
 
     def line(self, text: str) -> None:
-        print(text, flush=True)
+        print(terminal_text(text), flush=True)  # a checkpoint path may hold any character
         self._last_line = time.monotonic()
 
     def close(self) -> None:
@@ -169,7 +170,7 @@ class RichReporter:
             self._progress.advance(self._task)
 
     def line(self, text: str) -> None:
-        self._console.print(text, highlight=False, markup=False, soft_wrap=True)
+        self._console.print(terminal_text(text), highlight=False, markup=False, soft_wrap=True)
 
     def close(self) -> None:
         self._progress.stop()

@@ -145,3 +145,31 @@ def test_the_trainer_refuses_it_before_any_checkpoint(tmp_path: Path) -> None:
         f"float32 [12]; the manifest says int64 [12]{FIX}"
     )
     assert not list(checkpoints.glob("epoch-*"))
+
+
+def test_a_missing_split_says_how_to_get_it(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    x = np.zeros((4, 2), dtype=np.float32)
+    write_dataset(folder, {"train": (x, np.arange(4) % 2)}, ["a", "b"], [0.0], [1.0], {})
+    with pytest.raises(IntegrityError) as refused:
+        load_split(folder, "test")
+    assert str(refused.value) == (
+        f"dataset {folder}: no split 'test' (has ['train']); prepare the dataset again with "
+        "`kubetrain prep`, which writes train and test"
+    )
+
+
+def negative_labels(data_dir: str | None, split: str) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((4, 2), dtype=np.float32), np.array([-1, 0, 1, 0])
+
+
+def test_a_loaders_negative_labels_are_refused_with_what_to_return() -> None:
+    from kubetrain.errors import InvalidInput
+    from kubetrain.train.data import load_data
+
+    with pytest.raises(InvalidInput) as refused:
+        load_data("test_dataset_splits:negative_labels", None)
+    assert str(refused.value) == (
+        "--dataset: labels span -1..1, outside 0..1; return class indices from 0 to the "
+        "number of classes - 1 as y"
+    )

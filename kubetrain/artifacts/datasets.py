@@ -146,7 +146,8 @@ def load_split(data_dir: storage.Location, split: str, verify: bool = True):
     entry = manifest["splits"].get(split)
     if entry is None:
         raise IntegrityError(
-            f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])})"
+            f"dataset {data_dir}: no split {split!r} (has {sorted(manifest['splits'])}); "
+            f"prepare the dataset again with `kubetrain prep`, which writes {' and '.join(SPLITS)}"
         )
     if verify:
         verify_digests(data_dir, {entry["file"]: entry["sha256"]}, f"dataset {data_dir}")

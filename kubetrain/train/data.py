@@ -90,7 +90,9 @@ def load_data(dataset: str, data_dir: str | None) -> TrainData:
     high = int(max(train_y.max(), eval_y.max()))
     if low < 0 or high >= num_classes:
         raise InvalidInput(
-            "--dataset", f"labels span {low}..{high}, outside 0..{num_classes - 1}", DATASET_FIX
+            "--dataset",
+            f"labels span {low}..{high}, outside 0..{num_classes - 1}",
+            "return class indices from 0 to the number of classes - 1 as y",
         )
     return TrainData(train_x, train_y, eval_x, eval_y, num_classes, eval_split)
 

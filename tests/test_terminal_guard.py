@@ -46,27 +46,9 @@ NOT_YET_GUARDED = {
     # Streamed logs: the user's program's own output, its colours and progress bars kept.
     "kubetrain.backends.kubernetes.backend": "streams a node's log lines as written",
     "kubetrain.backends.kubernetes.logs": "`kubetrain logs` streams a node's log as written",
-    "kubetrain.train.progress": "the trainer's own progress lines, on the rank's log",
     "kubetrain.cli.run_output": "`kubetrain run` relays its steps' output as written",
     "kubetrain.callables": "re-prints what a user's callable printed, as written",
     "kubetrain.components._shared.progress_display": "wait streams rank 0's log as written",
-    # Summaries that quote a path, a name or a value the user gave: to be escaped.
-    "kubetrain.cli.compile": "prints the output folder the user named: another change",
-    "kubetrain.cli.render": "prints YAML and a warning quoting --trainer-version",
-    "kubetrain.cli.run": "its summary quotes the dataset, paths and the job name",
-    "kubetrain.cli.submit": "prints the run id the KFP server returned",
-    "kubetrain.cli.submit_argo": "prints the workflow name and namespace",
-    "kubetrain.components.collect_checkpoint.cli": "quotes the checkpoint's file and paths",
-    "kubetrain.components.collect_checkpoint.component": "quotes the checkpoint's file",
-    "kubetrain.components.evaluate_model.cli": "quotes the report path and the gates",
-    "kubetrain.components.evaluate_model.component": "quotes the gates",
-    "kubetrain.components.launch_trainjob.cli": "prints the job name and checkpoint path",
-    "kubetrain.components.launch_trainjob.component": "prints the job name and path",
-    "kubetrain.components.launch_trainjob.launch": "a warning quoting the runtime",
-    "kubetrain.components.promote_model.cli": "quotes the registry path",
-    "kubetrain.components.promote_model.component": "quotes the registry path and a reason",
-    "kubetrain.components.wait_trainjob.cli": "prints the job name and its state",
-    "kubetrain.components.wait_trainjob.component": "prints KFP's state and outcome",
 }
 
 

@@ -41,8 +41,8 @@ from kubetrain.jobspec import (
     resolve_procs_per_node,
 )
 from kubetrain.names import derive_job_name, label_value, random_job_name
+from kubetrain.rules import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 from kubetrain.train.options import TRAINER_COMMAND
-from kubetrain.training_choices import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
 
 RUN_NAME_LABEL = "kubetrain.io/run-name"
 #: Where every node finds the prepared dataset and where rank 0 should save (a user's program

@@ -24,7 +24,7 @@ from kubetrain.artifacts.manifest import (
     verify_digests,
 )
 from kubetrain.errors import IntegrityError
-from kubetrain.training_choices import STRATEGIES
+from kubetrain.rules import STRATEGIES
 
 FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from kubetrain import storage
 from kubetrain.errors import IntegrityError, InvalidInput
-from kubetrain.training_choices import BUILTIN_MODELS
+from kubetrain.rules import BUILTIN_MODELS
 from kubetrain.user_files import file_kind
 
 MANIFEST = "manifest.json"

@@ -18,7 +18,7 @@ from torch import nn
 from kubetrain.artifacts.manifest import check_model_code
 from kubetrain.callables import import_callable
 from kubetrain.errors import InvalidInput, refusal_reason
-from kubetrain.training_choices import MODEL_FIX
+from kubetrain.rules import MODEL_FIX
 
 HIDDEN = 128
 

@@ -12,7 +12,7 @@ from kubetrain import rules
 from kubetrain.backends.base import BACKENDS
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import DEFAULT_RUNTIME, resolve_procs_per_node
-from kubetrain.training_choices import STRATEGIES
+from kubetrain.rules import STRATEGIES
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError, terminal_text
 from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
-from kubetrain.training_choices import BUILTIN_MODELS, STRATEGIES
+from kubetrain.rules import BUILTIN_MODELS, STRATEGIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from kubetrain import rules, storage
 from kubetrain.errors import InvalidInput, terminal_text
-from kubetrain.training_choices import MODEL_FIX, STRATEGIES, is_model_spec
+from kubetrain.rules import MODEL_FIX, STRATEGIES, is_model_spec
 
 PROG = "kubetrain.train"
 #: What runs our trainer on a node; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/

@@ -436,7 +436,7 @@ def test_parameter_rules_agree_with_the_steps() -> None:
     from kubetrain.cli.param_option import VALUE_RULES
     from kubetrain.components.collect_checkpoint.collect import EXPORT_KINDS
     from kubetrain.components.launch_trainjob import launch
-    from kubetrain.training_choices import BUILTIN_MODELS
+    from kubetrain.rules import BUILTIN_MODELS
 
     for name, choices in (
         ("strategy", launch.STRATEGIES),

@@ -141,8 +141,9 @@ def test_an_output_parameter_that_is_a_folder_is_one_line(tmp_path, capsys):
     (parameters / "dataset_dir").mkdir(parents=True)
     argv = [*PREP, "--output", str(tmp_path / "data"), "--output-parameters", str(parameters)]
     code, err = run_cli(capsys, argv)
-    assert code == 1
-    assert_one_line(err, "prep", str(parameters / "dataset_dir"), "directory")
+    assert code == 2  # refused before the dataset is written (pre-flight), not after
+    assert_one_line(err, "prep", str(parameters / "dataset_dir"), "is a folder")
+    assert not (tmp_path / "data").exists()
 
 
 # ------------------------------------------------------- every errno, at the lowest OS call

@@ -39,9 +39,9 @@ from kubetrain.artifacts.models import mlp
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
 from kubetrain.errors import KubetrainError
+from kubetrain.rules import STRATEGIES
 from kubetrain.storage.integrity import sha256_file
 from kubetrain.train.__main__ import main as train_main
-from kubetrain.training_choices import STRATEGIES
 
 SHAPE = [1, 8, 8]
 #: Seconds a reader may take before it is taken to hang on a FIFO or /dev/zero.

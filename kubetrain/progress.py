@@ -14,6 +14,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
+from kubetrain import bounded_json
+
 PREFIX = "kubetrain-progress "
 
 
@@ -80,7 +82,7 @@ def parse_record(line: str) -> Progress | None:
     if start < 0:
         return None
     try:
-        values = json.loads(line[start + len(PREFIX) :])
+        values = bounded_json.loads(line[start + len(PREFIX) :])
         known = {f.name for f in fields(Progress)}
         values = {k: v for k, v in values.items() if k in known}
         for measured in ("loss", "samples_per_second"):  # a diverged run's NaN came as null

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.artifacts.model_card import (
     MODEL_CARD,
     MODEL_FILE,
@@ -244,7 +244,7 @@ def _publish_version(source: storage.Location, card: dict[str, Any], target: Pat
 def _pointed_at(pointer: storage.Location) -> tuple[str, str] | None:
     """(version, sha256) ``PROMOTED`` names now, so a retry leaves an up-to-date pointer as is."""
     try:
-        record = json.loads(storage.read_text(pointer))
+        record = bounded_json.loads(storage.read_text(pointer))
         return record["version"], record["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -67,7 +67,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.artifacts.checkpoint_manifest import (
     DCP_DIR,
     EPOCH_NAME,
@@ -483,7 +483,7 @@ def job_identity() -> dict[str, Any]:
 
 def _describe_holder(raw: bytes) -> str:
     try:
-        holder = json.loads(raw)
+        holder = bounded_json.loads(raw)
         parts = [f"{key} {holder[key]}" for key in ("job", "run_id", "host", "pid", "since")]
         return ", ".join(part for part in parts if not part.endswith(" None"))
     except (ValueError, TypeError, KeyError):

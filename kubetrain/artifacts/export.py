@@ -32,7 +32,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.artifacts.manifest import (
     OBJECT,
     SHA256,
@@ -106,7 +106,7 @@ def _refuse_pickled_objects(data: bytes, what: str) -> None:
         for name in names:
             if not name.endswith("constants_config.json"):
                 continue
-            for fqn, entry in json.loads(archive.read(name)).get("config", {}).items():
+            for fqn, entry in bounded_json.loads(archive.read(name)).get("config", {}).items():
                 if str(entry.get("path_name", "")).startswith(
                     (CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)
                 ):

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.errors import IntegrityError, InvalidInput
 from kubetrain.rules import BUILTIN_MODELS
 from kubetrain.user_files import file_kind
@@ -283,7 +283,7 @@ def read_format_manifest(
     except UnicodeDecodeError as exc:
         raise IntegrityError(f"{what}: {name} is unreadable ({exc})") from exc
     try:
-        manifest = json.loads(text)
+        manifest = bounded_json.loads(text)
     except json.JSONDecodeError as exc:
         raise IntegrityError(f"{what}: {name} is not valid JSON ({exc})") from exc
     except RecursionError:  # nested deeper than the parser's stack: no record of ours is

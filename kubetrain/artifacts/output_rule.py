@@ -17,13 +17,12 @@ the rule allows comes back as a :class:`CheckedOutput`, which only this module m
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.artifacts.model_card import (
     MODEL_CARD,
     MODEL_FORMAT,
@@ -131,7 +130,7 @@ def _holds_marker(location: storage.Location, name: str, format_id: str) -> bool
             if not fs.isfile(key) or fs.size(key) > _MARKER_LIMIT:
                 return False
             text = fs.cat_file(key)
-        content = json.loads(text)
+        content = bounded_json.loads(text)
     except (OSError, ValueError):
         return False
     return isinstance(content, dict) and content.get("format") == format_id

@@ -17,11 +17,10 @@ fails on any other use of the low-level publishing functions (``storage.publish_
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from kubetrain import storage
+from kubetrain import bounded_json, storage
 from kubetrain.artifacts.manifest import is_sha256
 from kubetrain.artifacts.model_card import MODEL_FILE
 from kubetrain.artifacts.output_rule import MODEL, CheckedOutput
@@ -60,7 +59,7 @@ def _recorded(staged: Path, output: CheckedOutput) -> dict[str, str]:
     """The digests the staged marker records, by file: a model's card records its model's."""
     marker = staged / output.kind.marker
     try:
-        content = json.loads(marker.read_text())
+        content = bounded_json.loads(marker.read_text())
     except (OSError, ValueError) as exc:
         raise IntegrityError(
             f"the {output.kind.name} for {output.location}: its {output.kind.marker} cannot be "

@@ -8,6 +8,8 @@ import json
 import struct
 from pathlib import Path
 
+from kubetrain import bounded_json
+
 #: safetensors' own limit on the JSON header.
 _MAX_HEADER_BYTES = 100_000_000
 
@@ -33,7 +35,7 @@ def tensor_names(path: Path) -> list[str]:
         text = handle.read(header_bytes)
     data_bytes = size - 8 - header_bytes
     try:
-        header = json.loads(text)
+        header = bounded_json.loads(text, max_bytes=len(text))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"header is not JSON: {exc}") from None
     if not text.startswith(b"{") or not isinstance(header, dict):

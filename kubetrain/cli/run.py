@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kubetrain import bounded_json
 from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError, terminal_text
@@ -439,7 +439,7 @@ def step_parameters(steps: Path, step: str) -> dict[str, Any]:
 
 def executor_output(steps: Path, step: str) -> dict[str, Any]:
     """What step ``step`` of the run in ``steps`` wrote as its outputs (KFP's executor output)."""
-    return json.loads((steps / step / EXECUTOR_OUTPUT).read_text())
+    return bounded_json.loads((steps / step / EXECUTOR_OUTPUT).read_text())
 
 
 def how_to_see_more(run_folders: list[Path]) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from kubetrain import rules
+from kubetrain import bounded_json, rules
 from kubetrain.cli import submit_argo
 from kubetrain.cli.param_option import check_value, split_param
 from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
@@ -25,7 +24,7 @@ def _json_of(kind: type) -> Callable[[str], object]:
     """A KFP LIST or STRUCT parameter from JSON text (``-p command='["torchrun", "x.py"]'``)."""
 
     def parse(text: str) -> object:
-        value = json.loads(text)
+        value = bounded_json.loads(text)
         if not isinstance(value, kind):
             raise ValueError(text)
         return value

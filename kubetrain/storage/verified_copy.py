@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
 import queue
@@ -45,6 +44,7 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import IO, Any
 
+from kubetrain import bounded_json
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
 from kubetrain.storage import atomic
 from kubetrain.storage.integrity import sha256_of_chunks
@@ -268,7 +268,7 @@ def _resumable_prefix(target: str, expected: str, size: int | None) -> int:
     if not part.is_file():
         return 0
     try:
-        recorded = json.loads(sidecar.read_text())
+        recorded = bounded_json.loads(sidecar.read_text())
     except (OSError, ValueError):
         return 0
     if not isinstance(recorded, dict) or recorded.get("sha256") != expected:

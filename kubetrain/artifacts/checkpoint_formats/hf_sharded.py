@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kubetrain import bounded_json
 from kubetrain.artifacts.checkpoint_formats.api import (
     HF_SHARD,
     Candidate,
@@ -50,7 +51,7 @@ def _weight_map(root: Path, relative: str) -> dict[str, str]:
     path = held_to_rule(root, relative)
     what = f"checkpoint file {path}"
     try:
-        index = json.loads(read_record(path))
+        index = bounded_json.loads(read_record(path))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise UnreadableCheckpoint(f"{what} is not a JSON index ({exc}); refused") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None

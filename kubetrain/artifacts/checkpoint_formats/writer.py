@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from kubetrain import bounded_json
 from kubetrain.artifacts.checkpoint_formats.files import UnreadableCheckpoint
 from kubetrain.artifacts.manifest import shown
 from kubetrain.artifacts.safetensors_header import tensor_names
@@ -150,7 +151,7 @@ def safetensors_tensors(path: Path) -> dict[str, Stored]:
         tensor_names(path)
         with open(path, "rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+            header = bounded_json.loads(handle.read(length), max_bytes=length)
     except (ValueError, struct.error) as exc:
         raise UnreadableCheckpoint(
             f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
@@ -272,7 +273,7 @@ class NonfiniteScan:
             if len(self._head) < need:
                 return view, offset
         try:
-            header = json.loads(bytes(self._head[8:]))
+            header = bounded_json.loads(bytes(self._head[8:]), max_bytes=len(self._head))
         except ValueError:
             self.out_of_order = True  # not a safetensors file: refuse_nonfinite says so
             return view, offset

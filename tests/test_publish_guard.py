@@ -45,21 +45,28 @@ ALLOWED = {
         "the trainer's own epoch folder, inside the checkpoint folder its lock holds, is no "
         "step output: its manifest of sha256 is what collect verifies every file against"
     ),
-}
-#: Publishes of other outputs not yet moved onto the entry (their modules are other owners'):
-#: each still goes through the output rule, but publishes by the low level itself.
-NOT_YET_GUARDED = {
-    ("kubetrain.artifacts.datasets", "kubetrain.storage.publish_dir"): "prep's dataset",
-    ("kubetrain.components.evaluate_model.report", "kubetrain.storage.atomic.publish_dir"): (
-        "evaluate's report"
+    ("kubetrain.cli.compile", "kubetrain.storage.atomic.publish_dir"): (
+        "compiled YAML is no step output (no output kind, no marker) and the compiler that "
+        "writes it is its only source: nothing records a digest to verify it against"
     ),
-    ("kubetrain.components.launch_trainjob.staging", "kubetrain.storage.atomic.publish_dir"): (
-        "the dataset staging copy"
+    ("kubetrain.cli.compile", "os.replace"): (
+        "the same compiled YAML, each file replaced whole in an existing folder (`.` in a "
+        "source checkout, the sources beside it)"
     ),
-    ("kubetrain.cli.compile", "kubetrain.storage.atomic.publish_dir"): "compiled pipelines",
-    ("kubetrain.cli.compile", "os.replace"): "compiled pipelines",
-    ("kubetrain.cli.run", "shutil.move"): "the run's TensorBoard events",
+    ("kubetrain.cli.run", "shutil.move"): (
+        "rank 0's TensorBoard event files, a viewer's log appended while training, moved out "
+        "of the job's checkpoint folder into the run's: no step output, and no manifest "
+        "records their digests to verify them against"
+    ),
 }
+#: The modules that publish a step's output, each by the entry.
+PUBLISHERS = (
+    "kubetrain.components.collect_checkpoint.collect",
+    PROMOTE,
+    "kubetrain.artifacts.datasets",
+    "kubetrain.components.evaluate_model.report",
+    "kubetrain.components.launch_trainjob.staging",
+)
 
 
 def function_of(tree: ast.AST) -> dict[int, str]:
@@ -114,11 +121,7 @@ def violations(sources: dict[str, str]) -> list[str]:
             elif name == REGISTRY_VERSION:
                 allowed = module in (RULE_MODULE, PROMOTE)
             else:
-                allowed = (
-                    (module, function) == (ENTRY_MODULE, ENTRY)
-                    or (module, name) in ALLOWED
-                    or (module, name) in NOT_YET_GUARDED
-                )
+                allowed = (module, function) == (ENTRY_MODULE, ENTRY) or (module, name) in ALLOWED
             if not allowed:
                 found.append(f"{module}:{line}: {name}")
     return found
@@ -131,18 +134,19 @@ def test_every_publish_goes_through_the_one_entry() -> None:
 
 
 def test_the_entry_publishes_by_the_low_level_and_the_steps_by_the_entry() -> None:
-    """What the guard lists is what the entry uses (the list is not stale), and collect and
-    promote publish by the entry."""
+    """What the guard lists is what the entry uses (the list is not stale), and every step
+    that publishes an output (collect, promote, prep's dataset, evaluate's report, launch's
+    dataset staging copy) publishes by the entry."""
     sources = package_sources()
     in_entry = {name for _, name, f in uses(sources[ENTRY_MODULE], ENTRY_MODULE) if f == ENTRY}
     assert {"kubetrain.storage.publish_dir", "kubetrain.storage.publish_new_dir"} <= in_entry
-    for module in ("kubetrain.components.collect_checkpoint.collect", PROMOTE):
+    for module in PUBLISHERS:
         assert f"{ENTRY_MODULE}.{ENTRY}" in imported_names(ast.parse(sources[module])).values()
 
 
 def test_each_allowance_is_still_needed() -> None:
     sources = package_sources()
-    for module, name in [*ALLOWED, *NOT_YET_GUARDED]:
+    for module, name in ALLOWED:
         assert name in {found for _, found, _ in uses(sources[module], module)}, (module, name)
 
 
@@ -211,7 +215,9 @@ def test_a_publish_outside_the_entry_is_caught(module: str, source: str, expecte
 
 def test_the_entry_refuses_what_the_rule_did_not_check_and_unverified_files(tmp_path) -> None:
     """At run time too: a location that is no CheckedOutput, a card whose sha256 is not the
-    verified one, a verified name with no staged file: refused, nothing published."""
+    verified one, a verified name with no staged file, a verified file the card does not
+    record, a file that changed after it was verified: refused, nothing published."""
+    import hashlib
     import json
 
     from kubetrain.artifacts.model_card import MODEL_CARD, MODEL_FILE, MODEL_FORMAT
@@ -222,7 +228,8 @@ def test_the_entry_refuses_what_the_rule_did_not_check_and_unverified_files(tmp_
     staged, target = tmp_path / "staged", tmp_path / "model"
     staged.mkdir()
     (staged / MODEL_FILE).write_bytes(b"weights")
-    digest, other = "a" * 64, "b" * 64
+    (staged / "extra.bin").write_bytes(b"extra")
+    digest, other = hashlib.sha256(b"weights").hexdigest(), "b" * 64
     (staged / MODEL_CARD).write_text(json.dumps({"format": MODEL_FORMAT, "sha256": other}))
     with pytest.raises(TypeError, match="takes a CheckedOutput, not str"):
         publish_verified(staged, str(target), {MODEL_FILE: digest})  # type: ignore[arg-type]
@@ -233,6 +240,74 @@ def test_the_entry_refuses_what_the_rule_did_not_check_and_unverified_files(tmp_
         publish_verified(staged, output, {MODEL_FILE: other, "absent.bin": digest})
     with pytest.raises(IntegrityError, match="no verified file to publish"):
         publish_verified(staged, output, {})
+    with pytest.raises(IntegrityError, match=f"{MODEL_FILE} changed after it was verified"):
+        publish_verified(staged, output, {MODEL_FILE: other})  # the card agrees, the file not
+    (staged / MODEL_CARD).write_text(json.dumps({"format": MODEL_FORMAT, "sha256": digest}))
+    extra = hashlib.sha256(b"extra").hexdigest()
+    with pytest.raises(IntegrityError, match="extra.bin was verified but its model.json does not"):
+        publish_verified(staged, output, {MODEL_FILE: digest, "extra.bin": extra})
     assert not target.exists()
-    assert publish_verified(staged, output, {MODEL_FILE: other}) is True
+    assert publish_verified(staged, output, {MODEL_FILE: digest}) is True
     assert (target / MODEL_FILE).read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize(
+    ("kind", "marker", "expected"),
+    [
+        ("dataset", {"splits": {"train": {"file": "a.bin", "sha256": "c" * 64}}}, "records sha256"),
+        ("dataset", {"splits": {"train": {"file": "a.bin", "sha256": "A"}}}, "records sha256 A"),
+        ("dataset", {"splits": {}}, "records no sha256 by file name"),
+        ("dataset", {"splits": {"train": "a.bin"}}, "records no sha256 by file name"),
+        (
+            "dataset",
+            {
+                "splits": {
+                    "train": {"file": "a.bin", "sha256": "DIGEST"},
+                    "test": {"file": "b.bin", "sha256": "c" * 64},
+                }
+            },
+            "records sha256 c+ for b.bin, but no digest was verified",
+        ),
+        ("report", {"files": ["a.bin"]}, "records no sha256 by file name"),
+        ("report", {"sha256": {"a.bin": "c" * 64}}, "records sha256"),
+        (
+            "report",
+            {"sha256": {"a.bin": "DIGEST", "b.bin": "c" * 64}},
+            "records sha256 c+ for b.bin, but no digest was verified",
+        ),
+    ],
+    ids=[
+        "dataset: another digest",
+        "dataset: no digest",
+        "dataset: no split",
+        "dataset: a split that is no record",
+        "dataset: a split not written",
+        "report: no digests",
+        "report: another digest",
+        "report: a file not written",
+    ],
+)
+def test_a_dataset_or_report_marker_must_record_what_was_verified(
+    tmp_path, kind: str, marker: dict, expected: str
+) -> None:
+    """A dataset's manifest records its split files' sha256, a report's marker each file's:
+    where they disagree with the files the step verified (another digest, none, a file it
+    did not write), nothing is published."""
+    import hashlib
+    import json
+
+    from kubetrain.artifacts.output_rule import DATASET, REPORT, check_output
+    from kubetrain.artifacts.publish import publish_verified
+    from kubetrain.errors import IntegrityError
+
+    output_kind = {"dataset": DATASET, "report": REPORT}[kind]
+    staged, target = tmp_path / "staged", tmp_path / kind
+    staged.mkdir()
+    (staged / "a.bin").write_bytes(b"a")
+    digest = hashlib.sha256(b"a").hexdigest()
+    text = json.dumps({**marker, "format": output_kind.format}).replace("DIGEST", digest)
+    (staged / output_kind.marker).write_text(text)
+    output = check_output(str(target), "output", output_kind)
+    with pytest.raises(IntegrityError, match=expected):
+        publish_verified(staged, output, {"a.bin": digest})
+    assert not target.exists()

@@ -4,9 +4,10 @@ training curves per epoch and per step, and the confusion matrix, the charts as 
 
 The images are embedded as ``data:`` URIs so the single file renders in the KFP UI (an ``HTML``
 artifact) and anywhere else it is copied; :func:`write_report` also writes them as files, and
-a ``report.json`` marker by which a later report knows the folder as one it may replace. Charts
-are drawn on Agg canvases owned by this module, never through pyplot's global state, so reports
-can be built in any thread or process without a display.
+a ``report.json`` marker recording each file's sha256, by which a later report knows the
+folder as one it may replace. Charts are drawn on Agg canvases owned by this module, never
+through pyplot's global state, so reports can be built in any thread or process without a
+display.
 
 The card's ``history``, ``hyperparameters`` and ``run`` are recorded by the trainer since
 kubetrain's issue 18; older models and your own checkpoints have none, and no digest covers
@@ -16,11 +17,11 @@ the card, so every value read from it is checked here and a section without one 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 import json
 import math
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubetrain import storage
-from kubetrain.artifacts.output_rule import REPORT, check_output
-from kubetrain.storage import atomic
+from kubetrain.artifacts.output_rule import REPORT, CheckedOutput, check_output
+from kubetrain.artifacts.publish import publish_verified
 
 if TYPE_CHECKING:
     from kubetrain.components.evaluate_model.evaluate import Gate
@@ -561,30 +562,39 @@ def metrics_report(
     return Report(html=_page(title, verdict, body), images={})
 
 
-def check_report_dir(directory: str | Path, inputs: Mapping[str, str | Path] | None = None) -> None:
+def check_report_dir(
+    directory: str | Path, inputs: Mapping[str, str | Path] | None = None
+) -> CheckedOutput:
     """Refuse a report folder the one output rule forbids (an existing file, a folder with
     content that is no earlier report, the model or data folder or a folder inside or around
     them: ``inputs`` maps their option names to them); call it before the evaluation."""
-    check_output(directory, "report", REPORT, inputs)
+    return check_output(directory, "report", REPORT, inputs)
 
 
 def write_report(
     report: Report, directory: str | Path, inputs: Mapping[str, str | Path] | None = None
 ) -> Path:
-    """Publish ``report.html``, its PNGs and the ``report.json`` marker as the folder
-    ``directory``, all or nothing (built in a staging folder beside it, then renamed), after
-    :func:`check_report_dir`; returns the HTML file's path."""
-    check_report_dir(directory, inputs)
+    """Publish ``report.html``, its PNGs and the ``report.json`` marker (which records each
+    file's sha256) as the folder ``directory``, all or nothing (built in a staging folder
+    beside it, then renamed) by the one road
+    (:func:`kubetrain.artifacts.publish.publish_verified`), after :func:`check_report_dir`;
+    returns the HTML file's path."""
+    output = check_report_dir(directory, inputs)
     directory = storage.local_path(directory, "report")  # a file:// URL names a local folder
-    staged = atomic.staging_dir(directory)
+    contents = {REPORT_FILE: report.html.encode("utf-8"), **report.images}
+    written = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+    staged = storage.staging_dir(directory)
     try:
-        marker = {"format": REPORT.format, "files": [REPORT_FILE, *sorted(report.images)]}
+        marker = {
+            "format": REPORT.format,
+            "files": [REPORT_FILE, *sorted(report.images)],
+            "sha256": written,
+        }
         (staged / REPORT.marker).write_text(json.dumps(marker, indent=2) + "\n")
-        (staged / REPORT_FILE).write_text(report.html, encoding="utf-8")
-        for name, png in report.images.items():
-            (staged / name).write_bytes(png)
-        final = atomic.publish_dir(staged, directory)
+        for name, data in contents.items():
+            (staged / name).write_bytes(data)
+        publish_verified(staged, output, written)
     except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
+        storage.discard_staging(staged)
         raise
-    return final / REPORT_FILE
+    return directory / REPORT_FILE

@@ -36,8 +36,9 @@ from kubetrain.artifacts.manifest import (
     read_format_manifest,
     verify_digests,
 )
+from kubetrain.artifacts.output_rule import DATASET, check_output
+from kubetrain.artifacts.publish import publish_verified
 from kubetrain.errors import IntegrityError, refusal_reason
-from kubetrain.storage.integrity import sha256_file
 
 FORMAT = "kubetrain.dataset/v1"
 #: The splits every dataset has; ``VALIDATION`` is optional.
@@ -53,11 +54,15 @@ def write_dataset(
     std: list[float],
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write normalised ``(x, y)`` arrays per split and the manifest, then publish atomically."""
+    """Write normalised ``(x, y)`` arrays per split and the manifest, then publish them at
+    ``output_dir`` (the option ``output_dir``, held to the output rule here too) by the one
+    road, :func:`kubetrain.artifacts.publish.publish_verified`: each split file with the sha256
+    it was hashed to as it was written, which the manifest must record."""
+    output = check_output(output_dir, "output_dir", DATASET)
     staged = storage.staging_dir(output_dir)
     try:
-        manifest = _write_staged(staged, splits, classes, mean, std, provenance)
-        storage.publish_dir(staged, output_dir, MANIFEST)
+        manifest, written = _write_staged(staged, splits, classes, mean, std, provenance)
+        publish_verified(staged, output, written)
     except BaseException:
         storage.discard_staging(staged)
         raise
@@ -71,20 +76,18 @@ def _write_staged(
     mean: list[float],
     std: list[float],
     provenance: dict[str, Any],
-) -> dict[str, Any]:
-    from safetensors.numpy import save_file
-
-    split_entries = {}
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The manifest, and each split file's sha256 as it was written."""
+    split_entries, written = {}, {}
     for split, (x, y) in splits.items():
         filename = f"{split}.safetensors"
-        x32 = np.ascontiguousarray(x, dtype=np.float32)
-        y64 = np.ascontiguousarray(y, dtype=np.int64)
-        save_file({"x": x32, "y": y64}, str(staged / filename))
+        x32, y64 = np.ascontiguousarray(x, dtype="<f4"), np.ascontiguousarray(y, dtype="<i8")
+        written[filename] = _write_split(staged / filename, x32, y64)
         split_entries[split] = {
             "file": filename,
             "count": int(len(y64)),
             "class_counts": np.bincount(y64, minlength=len(classes)).tolist(),
-            "sha256": sha256_file(staged / filename),
+            "sha256": written[filename],
         }
     sample_shape = list(next(iter(splits.values()))[0].shape[1:])
     manifest = {
@@ -97,7 +100,17 @@ def _write_staged(
         **provenance,
     }
     (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
+    return manifest, written
+
+
+def _write_split(path: Path, x32: np.ndarray, y64: np.ndarray) -> str:
+    """Write one split as safetensors straight from the arrays' memory (little-endian; ``y``
+    first, so both start 8-byte aligned); its sha256, of the bytes as they were written."""
+    from kubetrain.artifacts.checkpoint_formats.writer import Entry, write_safetensors
+
+    entries = [Entry("y", "I64", y64.shape, y64.nbytes), Entry("x", "F32", x32.shape, x32.nbytes)]
+    as_bytes = [array.reshape(-1).view(np.uint8) for array in (y64, x32)]  # empty ones too
+    return write_safetensors(path, entries, as_bytes).sha256
 
 
 _FIELDS = {

@@ -254,13 +254,17 @@ def evaluate_with_program(
 
     The folders are absolute (a program may change folder); ``data_dir`` empty: a program
     that brings its own data, which gets no ``KUBETRAIN_DATA_DIR``. It runs with the caller's
-    PATH first, so ``python`` is the one the caller's shell would run."""
+    PATH first, so ``python`` is the one the caller's shell would run. It is owned
+    (``owned_processes.run``): nothing it starts outlives it, and SIGTERM or SIGINT to this
+    step stops it and all it started before the step ends (128+N)."""
     import os
-    import subprocess
+    import shutil
+    import signal
     import tempfile
 
     from kubetrain import storage
     from kubetrain.backends.local.supervisor import program_path
+    from kubetrain.backends.owned_processes import run
     from kubetrain.components._shared.program import absolute_location
     from kubetrain.errors import KubetrainError
 
@@ -282,16 +286,22 @@ def evaluate_with_program(
             ),
             METRICS_FILE_ENV: metrics_file,
         }
-        try:
-            done = subprocess.run(list(command), env=env, check=False)
-        except OSError as exc:
+        if shutil.which(command[0], path=env["PATH"]) is None:
             raise InvalidInput(
-                "command", f"cannot start {command[0]}: {exc.strerror}", "check the program"
-            ) from None
-        if done.returncode != 0:
+                "command",
+                f"cannot start {command[0]}: no such program on PATH, or not executable",
+                "check the program",
+            )
+        code, stopped_by = run(list(command), env=env)
+        if stopped_by is not None:
             raise KubetrainError(
-                f"your evaluation program {command[0]} exited with code {done.returncode}; "
-                "its output is above"
+                f"stopped by {signal.Signals(stopped_by).name}: stopped your evaluation program "
+                f"{command[0]} and every process it started",
+                exit_code=128 + stopped_by,
+            )
+        if code != 0:
+            raise KubetrainError(
+                f"your evaluation program {command[0]} exited with code {code}; its output is above"
             )
         metrics = read_metrics_file(metrics_file, command[0])
     return ProgramEvaluation(metrics, gate, gate.passes(metrics))

@@ -193,6 +193,8 @@ def kfp_output_shaped(view: RunOutput) -> Iterator[None]:
         task_dispatcher,
     )
 
+    from kubetrain.backends.owned_processes import start_owned
+
     run_task = task_dispatcher.run_single_task_implementation
     logger_context = logging_utils.local_logger_context
     horizontal_line = logging_utils.print_horizontal_line
@@ -217,17 +219,20 @@ def kfp_output_shaped(view: RunOutput) -> Iterator[None]:
             yield
 
     def run_process_shown(full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
-        """kfp 2.17 run_local_subprocess, with each line handed to ``view``: the ``with``
-        returns at once on KeyboardInterrupt, which `kubetrain run`'s interrupt handling needs."""
+        """kfp 2.17 run_local_subprocess, with each line handed to ``view``, the step owned
+        (``owned_processes.start_owned``): nothing it starts outlives it but the local job
+        its launch leaves running, which the run's exit handler deletes. The ``with`` returns
+        at once on KeyboardInterrupt, which `kubetrain run`'s interrupt handling needs."""
         # The wait step passes rank 0's progress records on for ``view`` to draw.
         env = {**os.environ, **(env_vars or {}), MODE_VARIABLE: RECORDS}
-        with subprocess.Popen(
+        with start_owned(
             full_command,
+            env=env,
+            spare_local_jobs=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            env=env,
         ) as process:
             assert process.stdout is not None
             for line in iter(process.stdout.readline, ""):

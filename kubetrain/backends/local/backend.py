@@ -38,10 +38,10 @@ from kubetrain.backends.local.processes import (
     JOB_ID_ENV,
     marked_process,
     marked_processes,
-    still_running,
     stop_job_processes,
 )
 from kubetrain.backends.local.supervisor import program_path, with_our_interpreter
+from kubetrain.backends.owned_processes import start, still_running, stop_processes
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.rules import dns1035_label
@@ -128,12 +128,12 @@ class LocalBackend:
         )
         write_status(job_dir, JobStatus(name=spec.name, state=CREATED, created_at=time.time()))
         with open(job_dir / "supervisor.log", "ab") as supervisor_log:
-            supervisor = subprocess.Popen(
+            # The supervisor owns the job (a subreaper of its own): it outlives this process.
+            supervisor = start(
                 [sys.executable, "-m", SUPERVISOR_MODULE, str(job_dir)],
                 stdin=subprocess.DEVNULL,
                 stdout=supervisor_log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
                 env={**os.environ, JOB_ID_ENV: job_id},
             )
         atomic.write_json(job_dir / SUPERVISOR_FILE, {"pid": supervisor.pid, "job_id": job_id})
@@ -257,9 +257,15 @@ class LocalBackend:
         job_dir = self.job_dir(name)
         deadline = time.monotonic() + grace_seconds
         if supervisor := _supervisor(job_dir):
+            # What is below it now (with or without the job's identity), in case it cannot
+            # stop them itself: SIGKILLed meanwhile, they would be init's, found by no one.
+            below: list[psutil.Process] = []
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+                below = supervisor.children(recursive=True)
             with contextlib.suppress(psutil.NoSuchProcess):
                 supervisor.terminate()
             still_running([supervisor], deadline - time.monotonic())
+            stop_processes(below, max(0.0, deadline - time.monotonic()))
         if job_id := _job_id(job_dir):
             stop_job_processes(job_id, max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(KubetrainError, OSError, ValueError, TypeError):

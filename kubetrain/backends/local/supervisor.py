@@ -4,7 +4,10 @@ It starts the job's command once per node with the PET_* environment the Trainer
 (master address 127.0.0.1, a free port; `$(VAR)` references in the command expanded as the
 kubelet does), records each node's exit code, and as soon as one node fails stops the others
 and either starts every node again (up to ``spec.max_restarts`` times) or fails the job, as
-JobSet's failure policy does; it stops every node when it is itself terminated.
+JobSet's failure policy does; it stops every node when it is itself terminated. It owns the
+job's processes (``owned_processes``): a child subreaper, so what a node leaves behind, even
+without the job's identity in its environment, stays below it, and is stopped when the job
+ends, Complete included, as a pod's processes end with its container.
 Run as ``python -m kubetrain.backends.local.supervisor DIR``.
 """
 
@@ -19,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from kubetrain.backends import owned_processes
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
 from kubetrain.backends.local.env_references import expand_all
 from kubetrain.backends.local.files import node_log, read_status, write_status
@@ -88,12 +92,19 @@ def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
     }
 
 
-def stop_nodes(processes: list[subprocess.Popen]) -> None:
-    """Stop every process of the job but this one: the nodes and the workers they started in
-    sessions of their own, SIGKILL for those still running after a grace period."""
-    stop_job_processes(os.environ[JOB_ID_ENV], GRACE_SECONDS)
+def stop_nodes(processes: list[subprocess.Popen]) -> list[int]:
+    """Stop every process of the job but this one, SIGKILL for those still running after a
+    grace period: everything below this one (the nodes, the workers they started in sessions
+    of their own, what they left behind with or without the job's identity), then any process
+    of the job found elsewhere. Returns the PIDs stopped."""
+    deadline = time.monotonic() + GRACE_SECONDS
+    stopped = owned_processes.stop_descendants(
+        GRACE_SECONDS, waited_by_caller=[proc.pid for proc in processes]
+    )
+    stopped += stop_job_processes(os.environ[JOB_ID_ENV], max(0.0, deadline - time.monotonic()))
     for proc in processes:
         proc.wait()
+    return stopped
 
 
 def supervise(job_dir: Path) -> JobStatus:
@@ -103,6 +114,7 @@ def supervise(job_dir: Path) -> JobStatus:
     stop_requested: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda sig, _frame: stop_requested.append(sig))
+    owned_processes.become_owner()
 
     while True:
         attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(spec.num_nodes)]
@@ -111,6 +123,8 @@ def supervise(job_dir: Path) -> JobStatus:
             return status
         state, reason, message = follow_nodes(status, processes, stop_requested)
         if state == COMPLETE:
+            if left := stop_nodes(processes):  # the job ends whole, as its pods would
+                print(f"stopped {len(left)} process(es) the job's programs left running")
             return finish(job_dir, status, COMPLETE, reason, message)
         stop_nodes(processes)
         record_exit_codes(status, processes)
@@ -204,14 +218,13 @@ def start_nodes(
                 if spec.working_dir:
                     Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
                 processes.append(
-                    subprocess.Popen(
+                    owned_processes.start(
                         expand_all(program, env),
                         env=env,
                         cwd=run_in,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        start_new_session=True,
                     )
                 )
             except OSError as exc:

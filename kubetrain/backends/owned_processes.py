@@ -1,0 +1,276 @@
+"""The one way kubetrain starts a process: owned, so nothing it starts outlives it.
+
+Every program runs in a session of its own (a terminal's signals and another program's
+process-group signals never reach it by accident) under an owner that is a Linux child
+subreaper: a process its program leaves behind (``sh -c 'sleep 1000 &'``, a double-forked
+daemon, one started with an empty environment and so without our job identity) is re-parented
+to the owner, not to init, so it stays among the owner's descendants, where it is found and
+stopped. When the program ends (exit 0 included, as a container's processes end with its main
+process) every process left below the owner is stopped: SIGTERM, SIGKILL after a grace.
+
+Two kinds of owner:
+
+* ``run`` / ``start_owned``: the program runs under a small owner process of its own
+  (``python -m kubetrain.backends.owned_processes``, like a container's init): exactly its
+  descendants are the program's, so the caller's other children are never touched. SIGTERM or
+  SIGINT to the owner is forwarded to the program's whole tree.
+* a long-lived process that owns everything below it, the local backend's supervisor:
+  ``become_owner``, ``start`` its programs, ``stop_descendants`` when it ends.
+
+The job identity (``JOB_ID_ENV``) marks every process of a local job, so ``kubetrain delete``
+finds them even when their supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psutil
+
+#: The identity of a local job, in the environment of every process of it.
+JOB_ID_ENV = "KUBETRAIN_LOCAL_JOB_ID"
+#: How long a stopped program gets between SIGTERM and SIGKILL.
+GRACE_SECONDS = 5.0
+#: After SIGKILL, how long to wait for the kernel to take the processes away.
+KILL_WAIT_SECONDS = 5.0
+#: Rounds of stopping: a process may start another while being stopped, but not for ever.
+MAX_STOP_ROUNDS = 10
+POLL_SECONDS = 0.05
+#: The signals an owner forwards to its program.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: prctl(2) option: orphaned descendants are re-parented to the caller (Linux 3.4+).
+PR_SET_CHILD_SUBREAPER = 36
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
+
+
+def become_owner() -> bool:
+    """Make this process a child subreaper: its orphaned descendants become its children
+    instead of init's. The standard library has no hook for prctl(2), hence ctypes. False
+    where the kernel has none (not Linux): processes are then found by identity and tree."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def start(argv: Sequence[str], *, env: dict[str, str], **options: Any) -> subprocess.Popen:
+    """Start ``argv`` (no shell) in a session of its own with exactly ``env``, as a child of
+    this process, which owns it: a ``become_owner`` process that stops what it leaves with
+    ``stop_descendants``, or the local backend starting a supervisor that owns itself.
+    ``options`` are ``subprocess.Popen``'s (streams, cwd, text)."""
+    return subprocess.Popen(list(argv), env=env, start_new_session=True, **options)
+
+
+def start_owned(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str],
+    grace_seconds: float = GRACE_SECONDS,
+    spare_local_jobs: bool = False,
+    **options: Any,
+) -> subprocess.Popen:
+    """Start ``argv`` under an owner process of its own (``main``), which exits as the
+    program did once nothing it started is left. SIGTERM or SIGINT to the returned process
+    stops the program's whole tree. ``spare_local_jobs``: a local job the program launched
+    (carrying another ``JOB_ID_ENV``) is left running, its supervisor owns it (a pipeline
+    step's launch); else nothing the program started outlives it."""
+    owner = [sys.executable, "-m", __name__, "--grace", f"{grace_seconds:g}"]
+    if spare_local_jobs:
+        owner.append("--spare-local-jobs")
+    return start([*owner, "--", *argv], env=env, **options)
+
+
+def run(
+    argv: Sequence[str], *, env: dict[str, str], grace_seconds: float = GRACE_SECONDS
+) -> tuple[int, int | None]:
+    """Run ``argv`` to its end under an owner of its own (``start_owned``), output to ours;
+    (its exit code, as ``Popen.returncode``; the signal that stopped it, if we were sent
+    one). SIGTERM or SIGINT to this process while it runs is forwarded to the program's whole
+    tree, then returned for the caller to end with (128+N), after the program is gone."""
+    program = start_owned(argv, env=env, grace_seconds=grace_seconds)
+    with _forwarded_to(program) as received:
+        code = program.wait()
+    return code, (received[0] if received else None)
+
+
+@contextlib.contextmanager
+def _forwarded_to(program: subprocess.Popen) -> Iterator[list[int]]:
+    """While inside, SIGTERM and SIGINT to this process are sent on to ``program`` (and
+    recorded); the previous handlers are restored after. Signals reach the main thread only,
+    so elsewhere this installs nothing."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            program.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def descendants(spare: Callable[[psutil.Process], bool] | None = None) -> list[psutil.Process]:
+    """Every live process below this one (those re-parented to it as subreaper included),
+    leaving out a process ``spare`` keeps and everything below it."""
+    children: dict[int, list[psutil.Process]] = defaultdict(list)
+    for proc in psutil.process_iter(["ppid"]):
+        children[proc.info["ppid"]].append(proc)
+    found: list[psutil.Process] = []
+    frontier = [os.getpid()]
+    while frontier:
+        below = [proc for pid in frontier for proc in children.get(pid, [])]
+        below = [proc for proc in below if _running(proc) and not (spare and spare(proc))]
+        found.extend(below)
+        frontier = [proc.pid for proc in below]
+    return found
+
+
+def stop_descendants(
+    grace_seconds: float,
+    waited_by_caller: Sequence[int] = (),
+    spare: Callable[[psutil.Process], bool] | None = None,
+) -> list[int]:
+    """Stop every process below this one (``descendants``), SIGKILL for those running after
+    ``grace_seconds``, in rounds while new ones appear; then reap the orphans re-parented
+    here. ``waited_by_caller``: PIDs of this process's own ``Popen`` children, left for their
+    ``wait`` (reaped here, their exit code would be lost). Returns the PIDs stopped."""
+    deadline = time.monotonic() + grace_seconds
+    stopped = stop_rounds(lambda: descendants(spare), deadline)
+    reap_adopted(set(waited_by_caller))
+    return stopped
+
+
+def stop_rounds(
+    find: Callable[[], list[psutil.Process]], deadline: float, signum: int = signal.SIGTERM
+) -> list[int]:
+    """Send ``signum`` to what ``find`` returns, SIGKILL those still running at ``deadline``;
+    again while ``find`` returns more (a process may start another while being stopped)."""
+    stopped: list[int] = []
+    for _ in range(MAX_STOP_ROUNDS):
+        processes = find()
+        if not processes:
+            break
+        stopped.extend(proc.pid for proc in processes)
+        stop_processes(processes, max(0.0, deadline - time.monotonic()), signum)
+    return stopped
+
+
+def stop_processes(
+    processes: list[psutil.Process], grace_seconds: float, signum: int = signal.SIGTERM
+) -> None:
+    """Send ``signum`` to ``processes``, SIGKILL those still running after ``grace_seconds``.
+    psutil signals a ``Process`` only while its PID still names the process it found, so a
+    reused PID is never signalled."""
+    for proc in processes:
+        _send(proc, lambda p: p.send_signal(signum))
+    running = still_running(processes, grace_seconds)
+    for proc in running:
+        _send(proc, psutil.Process.kill)
+    still_running(running, KILL_WAIT_SECONDS)
+
+
+def reap_adopted(waited_by_caller: set[int]) -> None:
+    """Collect the exit status of this process's ended children but those in
+    ``waited_by_caller``: orphans re-parented here would otherwise stay zombies."""
+    with contextlib.suppress(*_GONE):
+        for child in psutil.Process().children():
+            if child.pid in waited_by_caller:
+                continue
+            with contextlib.suppress(ChildProcessError, *_GONE):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+
+
+def _send(proc: psutil.Process, action: Callable[[psutil.Process], None]) -> None:
+    with contextlib.suppress(*_GONE):
+        action(proc)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except _GONE:
+        return False
+
+
+def still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running once all have ended or ``timeout`` passed
+    (polled, not ``psutil.wait_procs``, which would reap the caller's own children)."""
+    deadline = time.monotonic() + timeout
+    while (running := [p for p in processes if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    return running
+
+
+def of_another_local_job(own_job: str | None) -> Callable[[psutil.Process], bool]:
+    """Whether a process carries a local job's identity other than ``own_job``: that job's
+    supervisor owns it (a pipeline step's launch leaves it running on purpose)."""
+
+    def spared(proc: psutil.Process) -> bool:
+        try:
+            job = proc.environ().get(JOB_ID_ENV)
+        except (*_GONE, psutil.AccessDenied):
+            return False
+        return job is not None and job != own_job
+
+    return spared
+
+
+def main(argv: list[str]) -> int:
+    """The owner of one program: start it, forward SIGTERM/SIGINT to its tree, and once it
+    has ended stop whatever it left; exit as it did (by its signal, if one ended it)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--grace", type=float, default=GRACE_SECONDS)
+    parser.add_argument("--spare-local-jobs", action="store_true")
+    parser.add_argument("program", nargs="+")
+    args = parser.parse_args(argv)
+    spare = of_another_local_job(os.environ.get(JOB_ID_ENV)) if args.spare_local_jobs else None
+    received: list[int] = []
+
+    def stop_program(signum: int, _frame: Any) -> None:
+        received.append(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, stop_program)
+    become_owner()
+    try:
+        program = start(args.program, env=dict(os.environ))
+    except OSError as exc:
+        print(f"cannot start {args.program[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    while program.poll() is None and not received:
+        time.sleep(POLL_SECONDS)
+    if received:  # the signal we were sent goes to the program and everything below it
+        stop_rounds(lambda: descendants(spare), time.monotonic() + args.grace, received[0])
+    stop_descendants(args.grace, waited_by_caller=[program.pid], spare=spare)
+    code = program.wait()
+    if code < 0:  # ended by a signal: end by it too, so our parent sees what the program did
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP take no handler
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

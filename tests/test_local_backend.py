@@ -352,14 +352,3 @@ def test_every_spec_field_survives_the_job_record() -> None:
     ]
     assert unset == [], "give every field a non-default value here"
     assert TrainJobSpec.from_dict(spec.to_dict()) == spec
-
-
-def test_an_argument_too_long_for_a_file_name_is_passed_as_it_is(tmp_path) -> None:
-    """The Kubeflow SDK runs `bash -c SCRIPT`: a script over NAME_MAX is no file to look for
-    in the launch folder (stat-ing it killed the supervisor with ENAMETOOLONG)."""
-    from kubetrain.backends.local.supervisor import _in_launch_folder
-
-    script = "echo " + "x" * 400
-    assert _in_launch_folder(script, str(tmp_path)) == script
-    (tmp_path / "train.py").write_text("")
-    assert _in_launch_folder("train.py", str(tmp_path)) == str(tmp_path / "train.py")

@@ -184,19 +184,6 @@ def name_failing_rank(job_dir: Path, status: JobStatus, attempt_starts: list[int
     return f"node {status.failed_rank} {describe_code(code)}{where}{failure.describe()}"
 
 
-def _in_launch_folder(part: str, launch_folder: str) -> str:
-    """``part`` as an absolute path when it names a file of the folder launch ran in."""
-    path = Path(part)
-    if path.is_absolute() or part.startswith("-"):
-        return part
-    candidate = Path(launch_folder) / path
-    try:
-        is_file = candidate.is_file()
-    except OSError:  # e.g. a `bash -c SCRIPT` over NAME_MAX: text, not a file name
-        is_file = False
-    return str(candidate) if is_file else part
-
-
 def start_nodes(
     job_dir: Path, spec: TrainJobSpec, cwd: str, status: JobStatus
 ) -> list[subprocess.Popen]:
@@ -205,12 +192,9 @@ def start_nodes(
     port = free_port()
     processes: list[subprocess.Popen] = []
     program = with_our_interpreter([*spec.command, *spec.args])
-    run_in = cwd
-    if spec.working_dir:
-        # The nodes run in the job's folder; what they name in the launch folder
-        # (`torchrun train.py`) is found there still, as a shipped script is on a cluster.
-        program = [_in_launch_folder(part, cwd) for part in program]
-        run_in = spec.working_dir
+    # The nodes run in the job's folder; launch gave the program file it names in the launch
+    # folder (`torchrun train.py`) by its path, and its arguments as they were typed.
+    run_in = spec.working_dir or cwd
     for rank in range(spec.num_nodes):
         env = node_env(spec, rank, port)
         with open(node_log(job_dir, rank), "ab") as log:

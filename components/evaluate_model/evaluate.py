@@ -309,9 +309,9 @@ def evaluate_with_program(
 
 def read_metrics_file(path: str, program: str) -> dict[str, float]:
     """The JSON object of metric name -> finite number the program wrote at ``path``."""
-    import json
     import os
 
+    from kubetrain import bounded_json
     from kubetrain.user_files import read_user_file
 
     fix = 'write {"accuracy": 0.97, ...} to $' + METRICS_FILE_ENV
@@ -319,9 +319,9 @@ def read_metrics_file(path: str, program: str) -> dict[str, float]:
         raise InvalidInput("metrics", f"{program} wrote no metrics file", fix)
     text = read_user_file(path, "metrics", MAX_METRICS_BYTES, fix)
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidInput("metrics", f"{program} wrote no JSON", fix) from None
+        data = bounded_json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, BoundedJSONError (1e400, 5000 digits, NaN)
+        raise InvalidInput("metrics", f"{program} wrote no readable JSON ({exc})", fix) from None
     if not isinstance(data, dict) or not data:
         raise InvalidInput("metrics", "is not a non-empty JSON object", fix)
     metrics = {}

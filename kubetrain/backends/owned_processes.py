@@ -23,7 +23,6 @@ finds them even when their supervisor is gone.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
@@ -37,6 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psutil
+
+from kubetrain.errors import terminal_text
 
 #: The identity of a local job, in the environment of every process of it.
 JOB_ID_ENV = "KUBETRAIN_LOCAL_JOB_ID"
@@ -237,15 +238,23 @@ def of_another_local_job(own_job: str | None) -> Callable[[psutil.Process], bool
     return spared
 
 
+def owner_arguments(argv: list[str]) -> tuple[float, bool, list[str]]:
+    """(grace, spare local jobs, program) from what ``start_owned`` writes: ``--grace SECONDS
+    [--spare-local-jobs] -- PROGRAM ARGS...``. Only kubetrain writes them, so no argparse:
+    a program's own ``--options`` after ``--`` are never read as ours."""
+    if len(argv) < 4 or argv[0] != "--grace" or "--" not in argv[2:]:
+        raise SystemExit(
+            f"usage: python -m {__name__} --grace SECONDS [--spare-local-jobs] -- PROGRAM"
+        )
+    end = argv.index("--", 2)
+    return float(argv[1]), "--spare-local-jobs" in argv[2:end], argv[end + 1 :]
+
+
 def main(argv: list[str]) -> int:
     """The owner of one program: start it, forward SIGTERM/SIGINT to its tree, and once it
     has ended stop whatever it left; exit as it did (by its signal, if one ended it)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    parser.add_argument("--grace", type=float, default=GRACE_SECONDS)
-    parser.add_argument("--spare-local-jobs", action="store_true")
-    parser.add_argument("program", nargs="+")
-    args = parser.parse_args(argv)
-    spare = of_another_local_job(os.environ.get(JOB_ID_ENV)) if args.spare_local_jobs else None
+    grace, spare_local_jobs, program_argv = owner_arguments(argv)
+    spare = of_another_local_job(os.environ.get(JOB_ID_ENV)) if spare_local_jobs else None
     received: list[int] = []
 
     def stop_program(signum: int, _frame: Any) -> None:
@@ -255,15 +264,15 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, stop_program)
     become_owner()
     try:
-        program = start(args.program, env=dict(os.environ))
+        program = start(program_argv, env=dict(os.environ))
     except OSError as exc:
-        print(f"cannot start {args.program[0]}: {exc.strerror}", file=sys.stderr)
+        print(terminal_text(f"cannot start {program_argv[0]}: {exc.strerror}"), file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
     while program.poll() is None and not received:
         time.sleep(POLL_SECONDS)
     if received:  # the signal we were sent goes to the program and everything below it
-        stop_rounds(lambda: descendants(spare), time.monotonic() + args.grace, received[0])
-    stop_descendants(args.grace, waited_by_caller=[program.pid], spare=spare)
+        stop_rounds(lambda: descendants(spare), time.monotonic() + grace, received[0])
+    stop_descendants(grace, waited_by_caller=[program.pid], spare=spare)
     code = program.wait()
     if code < 0:  # ended by a signal: end by it too, so our parent sees what the program did
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP take no handler

@@ -13,7 +13,6 @@ Run as ``python -m kubetrain.backends.local.supervisor DIR``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -25,7 +24,7 @@ from pathlib import Path
 from kubetrain.backends import owned_processes
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
 from kubetrain.backends.local.env_references import expand_all
-from kubetrain.backends.local.files import node_log, read_status, write_status
+from kubetrain.backends.local.files import node_log, read_record, read_status, write_status
 from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
@@ -108,7 +107,7 @@ def stop_nodes(processes: list[subprocess.Popen]) -> list[int]:
 
 
 def supervise(job_dir: Path) -> JobStatus:
-    record = json.loads((job_dir / "job.json").read_text())
+    record = read_record(job_dir / "job.json")
     spec = TrainJobSpec.from_dict(record["spec"])
     status = read_status(job_dir)
     stop_requested: list[int] = []

@@ -152,6 +152,15 @@ def write_program(project: Path, name: str, body: str) -> str:
             [],
             "metrics",
         ),
+        *(  # past the bounded reader's bounds: 1e400 and 5000 digits were tracebacks
+            (
+                "import os; open(os.environ['KUBETRAIN_METRICS_FILE'], 'w').write("
+                f"'{{\"accuracy\": {number}}}')",
+                [],
+                "metrics",
+            )
+            for number in ("1e400", "9" * 5000)
+        ),
         (None, ["--metric", "f1"], "metric"),  # eval.py writes accuracy and loss only
         (None, ["--command-json", '["python3", "eval.py"]'], "--command-json"),  # and after --
     ],

@@ -28,7 +28,7 @@ READERS = [
     [
         (None, "no manifest.json"),
         (b"{not json", "is not valid JSON"),
-        (b"\xff\xfe\x00", "is unreadable"),
+        (b"\xff\xfe\x00", "is not UTF-8 text"),
         (b"[1, 2]", "format 'list' is not"),
         (b'{"format": "someone.else/v9"}', "format 'someone.else/v9' is not"),
     ],

@@ -190,7 +190,10 @@ def _collect_ours(
     if manifest["strategy"] == "fsdp":
         verify_checkpoint(checkpoint)
     elif MODEL_FILE not in manifest["files"]:
-        raise IntegrityError(f"checkpoint {checkpoint}: its manifest lists no {MODEL_FILE}")
+        raise IntegrityError(
+            f"checkpoint {checkpoint}: its manifest lists no {MODEL_FILE}; collect an earlier "
+            "checkpoint (--checkpoint-file epoch-NNNNNN), or train again"
+        )
     staged = storage.staging_dir(output_dir)
     scan = NonfiniteScan()
     try:
@@ -297,10 +300,14 @@ def _copy_rank0_model(
         tensors = tensor_names(target)
     except ValueError as exc:
         raise IntegrityError(
-            f"checkpoint file {source} is not a safetensors file ({exc}); refused unread"
+            f"checkpoint file {source} is not a safetensors file ({exc}); refused unread: "
+            "collect an earlier checkpoint (--checkpoint-file epoch-NNNNNN), or train again"
         ) from exc
     if not tensors:
-        raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+        raise IntegrityError(
+            f"checkpoint {checkpoint} has no model tensors; collect an earlier checkpoint "
+            "(--checkpoint-file epoch-NNNNNN), or train again"
+        )
     return copied.sha256
 
 
@@ -317,7 +324,10 @@ def _gather_shards(checkpoint: storage.Location, target: Path) -> str:
         for key, tensor in load_full_state_dict(checkpoint, verify=False).items()
     }
     if not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
-        raise IntegrityError(f"checkpoint {checkpoint} has no model tensors")
+        raise IntegrityError(
+            f"checkpoint {checkpoint} has no model tensors; collect an earlier checkpoint "
+            "(--checkpoint-file epoch-NNNNNN), or train again"
+        )
     save_file(state, str(target))
     return sha256_file(target)
 

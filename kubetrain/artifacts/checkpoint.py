@@ -232,7 +232,8 @@ def _load_safetensors(path: PathLike) -> dict[str, torch.Tensor]:
         return dict(sorted(load(storage.read_bytes(path)).items()))
     except SafetensorError as exc:
         raise IntegrityError(
-            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
+            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread: use "
+            "an earlier checkpoint, or train again"
         ) from exc
 
 
@@ -254,7 +255,10 @@ def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
             )
         model[path[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     if not model:
-        raise IntegrityError(f"checkpoint {dcp_path}: its DCP checkpoint has no model")
+        raise IntegrityError(
+            f"checkpoint {dcp_path}: its DCP checkpoint has no model; use an earlier "
+            "checkpoint, or one written by kubetrain.train"
+        )
     _dcp_load({"model": model}, dcp_path, no_dist=True)
     return model
 

@@ -102,7 +102,9 @@ def _refuse_pickled_objects(data: bytes, what: str) -> None:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         names = archive.namelist()
         if len(set(names)) != len(names):  # which copy a reader takes is the reader's choice
-            raise IntegrityError(f"{what} has duplicate archive entries; refused unread")
+            raise IntegrityError(
+                f"{what} has duplicate archive entries; refused unread: re-export it"
+            )
         for name in names:
             if not name.endswith("constants_config.json"):
                 continue
@@ -142,7 +144,10 @@ def _check_outputs(
     try:
         torch.testing.assert_close(actual, expected)
     except AssertionError as exc:
-        raise IntegrityError(f"{what} does not compute what the model does: {exc}") from exc
+        raise IntegrityError(
+            f"{what} does not compute what the model does ({exc}); re-export it, or export "
+            f"the other kind ({' or '.join(EXPORT_FILES)}: --export of collect)"
+        ) from exc
 
 
 _EXPORT_FIELDS = {"file": TEXT, "sha256": SHA256, "model_sha256": SHA256, "sample_shape": SHAPE}
@@ -233,7 +238,9 @@ def verify_export(
     entry = exports[kind]
     path = storage.join(folder, entry["file"])  # a name the manifest rule allows
     if not storage.is_file(path):
-        raise IntegrityError(f"model {folder}: {entry['file']} listed in {EXPORT_CARD} is missing")
+        raise IntegrityError(
+            f"model {folder}: {entry['file']} listed in {EXPORT_CARD} is missing; re-export it"
+        )
     data = storage.read_bytes(path)  # checked and loaded from the same bytes: no swap between
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise IntegrityError(f"{path} does not match its sha256 in {EXPORT_CARD}; re-export it")

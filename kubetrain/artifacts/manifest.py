@@ -272,7 +272,9 @@ def read_format_manifest(
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise IntegrityError(f"{what}: no {name}{if_missing}") from None
     except OSError as exc:
-        raise IntegrityError(f"{what}: {name} is unreadable ({exc})") from exc
+        raise IntegrityError(
+            f"{what}: {name} is unreadable ({exc}); check its permissions, or {REWRITE}"
+        ) from exc
     if len(data) > MAX_RECORD_BYTES:
         raise IntegrityError(
             f"{what}: {name} is over {MAX_RECORD_BYTES >> 20} MiB, more than any record "
@@ -281,11 +283,11 @@ def read_format_manifest(
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:
-        raise IntegrityError(f"{what}: {name} is unreadable ({exc})") from exc
+        raise IntegrityError(f"{what}: {name} is not UTF-8 text ({exc}); {REWRITE}") from exc
     try:
         manifest = bounded_json.loads(text)
     except json.JSONDecodeError as exc:
-        raise IntegrityError(f"{what}: {name} is not valid JSON ({exc})") from exc
+        raise IntegrityError(f"{what}: {name} is not valid JSON ({exc}); {REWRITE}") from exc
     except RecursionError:  # nested deeper than the parser's stack: no record of ours is
         raise IntegrityError(
             f"{what}: {name} is nested too deep to be a record; {REWRITE}"

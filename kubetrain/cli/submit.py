@@ -255,7 +255,9 @@ def run_kfp(args: argparse.Namespace) -> int:
         raise KubetrainError(f"could not create the run: {exc}") from None
     except Exception as exc:  # the KFP client raises many kinds; report them as one line
         raise KubetrainError(
-            f"could not create the run on {args.host}: {exc}{last_logged_failure(logged)}"
+            f"could not create the run on {args.host}: {exc}{last_logged_failure(logged)}; "
+            "check that --host names the KFP API (e.g. http://localhost:8080 through `kubectl "
+            "port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`) and that its server is up"
         ) from exc
     # the run id is the server's text, the host the user's
     print(terminal_text(f"run {result.run_id} created on {args.host}"))

@@ -315,7 +315,10 @@ def publish_dir(
         retract(final, manifest)
         files = sorted(p for p in staged.rglob("*") if p.is_file())
         if staged / manifest not in files:
-            raise IntegrityError(f"{final}: no {manifest} to publish it with")
+            raise IntegrityError(
+                f"{final}: no {manifest} to publish it with (its staging folder {staged} is "
+                "incomplete); run the step again"
+            )
         for path in [p for p in files if p != staged / manifest]:
             relative = path.relative_to(staged).as_posix()
             # streamed, and published only once its sha256 matched the staged file's

@@ -82,7 +82,8 @@ def _batches(folder: Path, metadata: Any, model: list[tuple[str, Any]], what: st
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             raise IntegrityError(
                 f"{what}: entry {read_item.dest_index.fqn} is stored as pickled bytes, not a "
-                "tensor; refused unread"
+                "tensor; refused unread: save the model's state_dict() (its tensors) with "
+                "torch.distributed.checkpoint.save"
             )
 
     def load(batch: list[tuple[str, Any]]) -> list[torch.Tensor]:
@@ -101,7 +102,10 @@ def _batches(folder: Path, metadata: Any, model: list[tuple[str, Any]], what: st
             errors = (error for error, _trace in exc.failures.values())
             refusal = next((e for e in errors if isinstance(e, IntegrityError)), None)
             if refusal is None:
-                raise UnreadableCheckpoint(f"{what} could not be read ({exc}); refused") from None
+                raise UnreadableCheckpoint(
+                    f"{what} could not be read ({exc}); refused: check that every file the "
+                    f"checkpoint wrote is there, or {_SAVE_DCP} again"
+                ) from None
             raise refusal from None
         return [request[fqn] for fqn, _entry in batch]
 
@@ -165,7 +169,8 @@ class Dcp:
             if dtype not in TORCH_DTYPES:
                 raise IntegrityError(
                     f"{what}: entry {shown(fqn)} is a {entry.properties.dtype} tensor, which "
-                    "safetensors cannot hold"
+                    "safetensors cannot hold; cast the model to a dtype it holds (e.g. "
+                    "model.float()) before saving the checkpoint"
                 )
             size = tuple(entry.size)
             entries[name] = Entry(

@@ -280,7 +280,11 @@ class WaitSession:
                 if self.cancel.signum is not None:
                     raise Cancelled(self.cancel.signum)
                 if self.stopped.is_set():  # stop() from another thread (logs --follow closed)
-                    raise KubetrainError(f"stopped following {self.kind.kind} {self.name}")
+                    raise KubetrainError(
+                        f"stopped following {self.kind.kind} {self.name}; follow it again "
+                        f"with `kubetrain logs --follow --backend {self.kind.backend} "
+                        f"--namespace {self.namespace} {self.name}`"
+                    )
                 self._drain_events()
                 decision = self._decide()
                 if decision is not None:

@@ -121,7 +121,10 @@ class ListWatcher(threading.Thread):
                 self.events.put(Failure(self.source, error))
         except Exception as error:  # a bug or a surprise: report it rather than hang the wait
             if not self._stopped.is_set():
-                failure = KubetrainError(f"following {self.action} failed: {error!r}")
+                failure = KubetrainError(
+                    f"following {self.action} failed: {error!r}; run the command again, and "
+                    "if it fails the same way report it as a bug in kubetrain"
+                )
                 self.events.put(Failure(self.source, failure))
 
     def _follow(self) -> None:

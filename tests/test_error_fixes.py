@@ -23,6 +23,7 @@ import ast
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -611,3 +612,51 @@ def make(body: str) -> str:
 def test_a_planted_error_line_without_fix_is_caught(planted: str, fixed: bool) -> None:
     found = planted_violations(planted)
     assert (found == []) is fixed, found
+
+
+# --- the lines as a user sees them -----------------------------------------------------------
+
+
+def collect_refusal(
+    capsys: pytest.CaptureFixture[str], checkpoint_dir: Path, out: Path, *extra: str
+) -> str:
+    """The one line ``kubetrain collect`` refuses ``checkpoint_dir`` with (nothing published)."""
+    from kubetrain.cli import main
+
+    argv = ["collect", "--checkpoint-dir", str(checkpoint_dir), "--output", str(out), *extra]
+    code = main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1 and not out.exists(), lines
+    return lines[0]
+
+
+def test_collect_of_a_dtype_safetensors_cannot_hold_says_to_cast(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    state = {"weight": torch.zeros(2, 2, dtype=torch.complex64)}
+    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    line = collect_refusal(capsys, tmp_path / "ckpt", tmp_path / "model")
+    assert "complex64 tensor, which safetensors cannot hold; cast the model" in line
+    assert has_fix(line)
+
+
+def test_collect_of_our_checkpoint_with_a_broken_manifest_says_to_re_create_it(
+    tmp_path, capsys
+) -> None:
+    torch = pytest.importorskip("torch")
+    from kubetrain.artifacts.checkpoint import save_checkpoint
+    from kubetrain.artifacts.manifest import REWRITE
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    epoch = save_checkpoint(
+        tmp_path / "ckpt", model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=1, step=1,
+        strategy="ddp", model_info={"spec": "mlp", "sample_shape": [4], "num_classes": 2},
+        metrics=[],
+    )  # fmt: skip
+    (Path(epoch) / "manifest.json").write_text("{not json")
+    line = collect_refusal(
+        capsys, tmp_path / "ckpt", tmp_path / "model", "--checkpoint-file", Path(epoch).name
+    )
+    assert "manifest.json is not valid JSON" in line and line.endswith(f"; {REWRITE}")
+    assert has_fix(line)

@@ -70,7 +70,7 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         accuracy_threshold: float = 0.95,
         model_registry: str = f"{SHARED_MOUNT}/registry",
         wait_timeout_seconds: float = 0,
-        stall_timeout_seconds: float = 1800,
+        stall_timeout_seconds: str = "auto",
         unschedulable_grace_seconds: str = "auto",
         namespace: str = "",
         shared_pvc: str = "kubetrain-shared",

@@ -103,8 +103,9 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "accuracy_threshold": ("0.95", "accuracy the model must reach to be promoted"),
     "wait_timeout_seconds": ("0", "fail the wait step after this many seconds; 0 = never"),
     "stall_timeout_seconds": (
-        "1800",
-        "stop a running job that logs nothing for this many seconds (exit 3); 0 = never",
+        "auto",
+        "stop a running job that logs nothing for this many seconds (exit 3); 0 = never; "
+        "auto = 5 times the heartbeat rank 0 states (at least 120 s), else 1800",
     ),
     "unschedulable_grace_seconds": (
         "auto",

@@ -10,7 +10,12 @@ from kubetrain.components._shared.step_outputs import (
     check_output_parameters,
     write_output_parameters,
 )
-from kubetrain.components.wait_trainjob.wait import AUTO, DEFAULT_STALL_TIMEOUT_SECONDS
+from kubetrain.components.wait_trainjob.wait import (
+    AUTO,
+    DEFAULT_STALL_TIMEOUT_SECONDS,
+    HEARTBEATS_MISSED,
+    MIN_DERIVED_STALL_SECONDS,
+)
 from kubetrain.errors import terminal_text
 
 #: The files ``--output-parameters`` gets: what Argo's template reads.
@@ -43,10 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--stall-timeout",
-        type=float,
-        default=DEFAULT_STALL_TIMEOUT_SECONDS,
+        default=AUTO,
         help="stop a running job whose nodes log nothing for this many seconds (a stopped or "
-        f"hung rank) and exit 3; default {DEFAULT_STALL_TIMEOUT_SECONDS:g}, 0 = never",
+        f"hung rank) and exit 3; 0 = never; default {AUTO}: {HEARTBEATS_MISSED} times the "
+        "heartbeat rank 0's last progress record states (our trainer's, mid-epoch: 5 min), at "
+        f"least {MIN_DERIVED_STALL_SECONDS:g} s, else {DEFAULT_STALL_TIMEOUT_SECONDS:g} s (a "
+        "program of your own, data loading, validation and checkpoints)",
     )
     parser.add_argument(
         "--on-cancel",

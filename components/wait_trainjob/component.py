@@ -14,7 +14,7 @@ def wait_trainjob(
     timeout_seconds: float = 0,
     namespace: str = "",
     on_cancel: str = "delete",
-    stall_timeout_seconds: float = 1800,
+    stall_timeout_seconds: str = "auto",
     unschedulable_grace_seconds: str = "auto",
     checkpoint_dir: str = "",
 ) -> NamedTuple(  # noqa: UP014
@@ -23,7 +23,7 @@ def wait_trainjob(
     """Follow the job to Complete, streaming global rank 0's log lines (torchrun's failure
     report folded); fail the step with the failing node's exit code, after the failing rank's
     traceback, if the job fails, or with exit 3 (after stopping the job) if it runs with no
-    new log line for ``stall_timeout_seconds`` (0 = never).
+    new log line for ``stall_timeout_seconds`` (0 = never; auto: derived from rank 0's heartbeat).
 
     ``namespace`` empty: this step's own (the run's). ``unschedulable_grace_seconds``: how long
     a node pod no node can take may wait ("auto": 300, no limit for a gang runtime; 0 or empty:

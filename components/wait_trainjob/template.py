@@ -48,8 +48,9 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
             input_parameter("on_cancel", "delete or suspend the job when stopped", "delete"),
             input_parameter(
                 "stall_timeout_seconds",
-                "stop a job that logs nothing this long while running (exit 3); 0 = never",
-                "1800",
+                "stop a job that logs nothing this long while running (exit 3); 0 = never; "
+                "auto = 5 times the heartbeat rank 0 states (at least 120 s), else 1800",
+                "auto",
             ),
             input_parameter(
                 "unschedulable_grace_seconds",

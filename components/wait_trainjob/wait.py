@@ -18,18 +18,73 @@ from kubetrain.backends.torchrun_output import NodeLogView, folded
 from kubetrain.backends.torchrun_report import rank_traceback, root_cause, torchrun_failure
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError
 from kubetrain.names import derive_job_name
+from kubetrain.progress import parse_record
 
 FAILURE_LOG_LINES = 20
 #: Lines read from the failing node's log to find the rank's exception: torchrun's report and
 #: its own traceback take ~50 lines after the rank's ``[rankN]:`` traceback.
 CAUSE_LOG_LINES = 400
-#: A running job silent this long is stalled (0 turns the check off). Generous: a slow epoch
-#: or data load must not be taken for a hang (our trainer logs a line a minute within an
-#: epoch); a stopped rank otherwise meets only torch's collective timeout (30 minutes for gloo),
-#: and hangs outside a collective meet none.
+#: A running job silent this long is stalled, unless its rank 0 promised a line sooner (0
+#: turns the check off). Generous: a slow data load, validation pass or checkpoint must not be
+#: taken for a hang; a stopped rank otherwise meets only torch's collective timeout (30
+#: minutes for gloo), and hangs outside a collective meet none.
 DEFAULT_STALL_TIMEOUT_SECONDS = 1800.0
+#: After a progress record that promises its next line within ``heartbeat_seconds`` (our
+#: trainer's, mid-epoch: at least 60 s), a silence of this many times that is a stall: five
+#: missed heartbeats, room for a batch five times the slowest yet, a slow log stream or a
+#: paused process, and a hung rank is reported in 5 minutes instead of 30.
+HEARTBEATS_MISSED = 5
+#: The least stall timeout a promise gives: a pod log stream that breaks is reopened within
+#: seconds, but a whole heartbeat may come late behind it.
+MIN_DERIVED_STALL_SECONDS = 120.0
 #: ``--unschedulable-grace-seconds`` left to the runtime: 300 s, no limit for a gang runtime.
 AUTO = "auto"
+
+
+class StallLimit:
+    """The silence that means a stall, asked at each check: ``explicit`` seconds when given
+    (0: never), else derived from what the job's rank 0 says in its last line (fed here): a
+    progress record promising its next line within ``heartbeat_seconds`` gives
+    :data:`HEARTBEATS_MISSED` times that, at least :data:`MIN_DERIVED_STALL_SECONDS`; any other
+    line, or none yet (a user program, data loading, an epoch's validation and checkpoint),
+    :data:`DEFAULT_STALL_TIMEOUT_SECONDS`."""
+
+    def __init__(self, explicit: float | None = None) -> None:
+        self.explicit = explicit
+        self.derived = DEFAULT_STALL_TIMEOUT_SECONDS
+
+    def feed(self, line: str) -> None:
+        record = parse_record(line)
+        promise = record.heartbeat_seconds if record is not None else None
+        self.derived = (
+            DEFAULT_STALL_TIMEOUT_SECONDS
+            if promise is None
+            else max(MIN_DERIVED_STALL_SECONDS, HEARTBEATS_MISSED * promise)
+        )
+
+    def __call__(self) -> float | None:
+        if self.explicit is not None:
+            return self.explicit or None
+        return self.derived
+
+
+def stall_timeout(text: str | float | None, field: str = "stall_timeout") -> float | None:
+    """``--stall-timeout`` as every face gives it: "auto" (or None: derived, see
+    :class:`StallLimit`), or seconds (0: never)."""
+    if text is None or text == AUTO:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:  # NaN too
+        raise InvalidInput(
+            field,
+            f"{text!r} is not auto or a finite 0 or more",
+            f"use auto ({DEFAULT_STALL_TIMEOUT_SECONDS:g} s, or {HEARTBEATS_MISSED} times the "
+            "heartbeat our trainer states), 0 (never) or seconds",
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -182,19 +237,22 @@ def wait_for_job(
     timeout_seconds: float = 0,
     on_log_line: Callable[[str], None] | None = print,
     options: BackendOptions | None = None,
-    stall_timeout_seconds: float = DEFAULT_STALL_TIMEOUT_SECONDS,
+    stall_timeout_seconds: float | str | None = AUTO,
 ) -> WaitResult:
     """Block until the job finishes; raise JobFailed if it failed. ``timeout_seconds`` 0 = none.
-    A job running with no new log line for ``stall_timeout_seconds`` (0 = never) is stopped and
-    reported as ``JobStalled`` (exit 3). ``options`` (namespace, what to do on cancel, how long
-    a node may stay unschedulable) matter to the cluster backends."""
+    A job running with no new log line for ``stall_timeout_seconds`` (0 = never; "auto" or
+    None: derived from rank 0's heartbeat, :class:`StallLimit`) is stopped and reported as
+    ``JobStalled`` (exit 3). ``options`` (namespace, what to do on cancel, how long a node may
+    stay unschedulable) matter to the cluster backends."""
     if not job_name:
         raise InvalidInput("job_name", "is empty", "pass the name printed by the launch step")
-    for field, seconds in (("timeout", timeout_seconds), ("stall_timeout", stall_timeout_seconds)):
-        if not 0 <= seconds < math.inf:  # NaN too
-            raise InvalidInput(
-                field, f"{seconds} is not a finite 0 or more", "use 0 (none) or more seconds"
-            )
+    if not 0 <= timeout_seconds < math.inf:  # NaN too
+        raise InvalidInput(
+            "timeout",
+            f"{timeout_seconds} is not a finite 0 or more",
+            "use 0 (none) or more seconds",
+        )
+    limit = StallLimit(stall_timeout(stall_timeout_seconds))
     backend_impl = get_backend(backend, options)
     started = time.monotonic()
     view = NodeLogView(0) if on_log_line is not None else None  # node 0 holds global rank 0
@@ -202,8 +260,8 @@ def wait_for_job(
         status = backend_impl.wait(
             job_name,
             timeout=timeout_seconds or None,
-            on_log_line=_through(view, on_log_line),
-            stall_timeout=stall_timeout_seconds or None,
+            on_log_line=_through(view, on_log_line, limit),
+            stall_timeout=limit if limit() is not None else None,
         )
     finally:
         if view is not None and on_log_line is not None:
@@ -221,14 +279,19 @@ def wait_for_job(
 
 
 def _through(
-    view: NodeLogView | None, on_log_line: Callable[[str], None] | None
+    view: NodeLogView | None, on_log_line: Callable[[str], None] | None, limit: StallLimit
 ) -> Callable[[str], None] | None:
-    """``on_log_line`` fed the lines ``view`` shows."""
-    if view is None or on_log_line is None:
+    """``on_log_line`` fed the lines ``view`` shows, and every rank-0 line fed to ``limit``
+    when it derives the stall timeout (so even a quiet wait follows rank 0's log)."""
+    derives = limit.explicit is None
+    if not derives and (view is None or on_log_line is None):
         return None
 
     def shown(line: str) -> None:
-        for kept in view.feed(line):
-            on_log_line(kept)
+        if derives:
+            limit.feed(line)
+        if view is not None and on_log_line is not None:
+            for kept in view.feed(line):
+                on_log_line(kept)
 
     return shown

@@ -78,6 +78,16 @@ class JobRow:
     nodes: int | None
 
 
+#: ``stall_timeout`` as a backend takes it: seconds, or a callable asked at each check (wait's,
+#: which derives them from rank 0's heartbeat records); None, or a callable's None: no check.
+StallTimeout = float | Callable[[], float | None] | None
+
+
+def stall_seconds(stall_timeout: StallTimeout) -> float | None:
+    """The stall limit now."""
+    return stall_timeout() if callable(stall_timeout) else stall_timeout
+
+
 class Backend(Protocol):
     def launch(self, spec: TrainJobSpec) -> str:
         """Create the job and return its name at once, without waiting for it to run."""
@@ -89,11 +99,12 @@ class Backend(Protocol):
         name: str,
         timeout: float | None,
         on_log_line: Callable[[str], None] | None,
-        stall_timeout: float | None = None,
+        stall_timeout: StallTimeout = None,
     ) -> JobStatus:
         """Follow the job to Complete or Failed, passing rank-0 log lines as they come; raise
         ``JobStalled`` (after stopping the job as a cancel would) when a running job shows no
-        progress for ``stall_timeout`` seconds (None: never)."""
+        progress for ``stall_timeout`` seconds (None: never; a callable: asked at each check,
+        after the lines read so far were passed on)."""
 
     def logs(self, name: str, node: int | None, follow: bool) -> Iterator[str]: ...
 

@@ -125,6 +125,13 @@ def _unschedulable_grace(text: str, field: str) -> None:
     unschedulable_grace(text)
 
 
+def _stall_timeout(text: str, field: str) -> None:
+    """What wait's ``stall_timeout`` reads: auto, or 0 (never) or more seconds."""
+    from kubetrain.components.wait_trainjob.wait import stall_timeout  # not for --help
+
+    stall_timeout(text, field)
+
+
 # What the steps accept for the pipeline's and the workflow's parameters. A value a step would
 # refuse is refused when the run is submitted, before the steps before it spend time and write
 # outputs.
@@ -160,7 +167,7 @@ VALUE_RULES: dict[str, Rule] = {
     "validation_fraction": _within(lambda v: 0 <= v <= 0.5, "a number from 0 to 0.5", "0.1"),
     "accuracy_threshold": _within(lambda v: 0 <= v <= 1, "a fraction in [0, 1]", "0.95"),
     "wait_timeout_seconds": _within(lambda v: v >= 0, "0 (none) or more seconds", "3600"),
-    "stall_timeout_seconds": _within(lambda v: v >= 0, "0 (never) or more seconds", "1800"),
+    "stall_timeout_seconds": Rule(_stall_timeout, "auto"),
     "on_cancel": _one_of("delete", "suspend"),
     "unschedulable_grace_seconds": Rule(_unschedulable_grace, "auto"),
     "export": _one_of("none", "torch-export", "torchscript"),

@@ -144,10 +144,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--stall-timeout",
-        type=float,
-        default=1800,
+        default="auto",
         help="stop the training job when it logs nothing for this many seconds while running "
-        "(a hung rank); default 1800, 0 = never",
+        "(a hung rank); 0 = never; default auto: 5 times the heartbeat our trainer states "
+        "(5 min), else 1800",
     )
     parser.add_argument(
         "--keep-job",
@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
                 accuracy_threshold=float(args.threshold),
                 model_registry=registry,
                 wait_timeout_seconds=float(args.timeout),
-                stall_timeout_seconds=float(args.stall_timeout),
+                stall_timeout_seconds=str(args.stall_timeout),
                 storage=absolute_location(args.storage),
                 command=program(args),
                 script=str(Path(args.script).absolute()) if args.script else "",

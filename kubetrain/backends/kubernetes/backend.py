@@ -32,7 +32,14 @@ import kubernetes.client
 
 from kubetrain import rules
 from kubetrain.backends import BackendOptions
-from kubetrain.backends.base import FAILED, RUNNING, TERMINAL_STATES, JobRow, JobStatus
+from kubetrain.backends.base import (
+    FAILED,
+    RUNNING,
+    TERMINAL_STATES,
+    JobRow,
+    JobStatus,
+    StallTimeout,
+)
 from kubetrain.backends.cancel import Cancelled, signals_cancel
 from kubetrain.backends.kubernetes.client import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
@@ -275,7 +282,7 @@ class KubernetesBackend:
         name: str,
         timeout: float | None = None,
         on_log_line: Callable[[str], None] | None = None,
-        stall_timeout: float | None = None,
+        stall_timeout: StallTimeout = None,
     ) -> JobStatus:
         """Follow the job to its end (see ``WaitSession``). With ``stall_timeout``, a running
         job that prints no rank-0 log line for that long is stopped as a cancelled wait

@@ -32,6 +32,8 @@ from kubetrain.backends.base import (
     TERMINAL_STATES,
     UNSCHEDULABLE_GRACE_SECONDS,
     JobStatus,
+    StallTimeout,
+    stall_seconds,
 )
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
@@ -162,7 +164,7 @@ class WaitSession:
         prefix_lines: bool = False,
         cancel: CancelRequest | None = None,
         fail_early: bool = True,
-        stall_timeout: float | None = None,
+        stall_timeout: StallTimeout = None,
     ) -> None:
         self.context = context
         self.name = name
@@ -219,22 +221,23 @@ class WaitSession:
 
         return noted
 
-    def _stalled(self) -> bool:
-        """Whether the job has been running with no new rank-0 log line for stall_timeout
-        (time spent pending or restarting does not count; a log that cannot be read at all,
-        e.g. no permission on pods/log, is no sign of a stall)."""
-        if self.stall_timeout is None:
-            return False
+    def _stalled(self) -> float | None:
+        """The stall limit passed, when the job has been running with no new rank-0 log line
+        for that long (time spent pending or restarting does not count; a log that cannot be
+        read at all, e.g. no permission on pods/log, is no sign of a stall); else None."""
+        limit = stall_seconds(self.stall_timeout)
+        if limit is None:
+            return None
         follower = self.followers.get(0)
         if follower is None or not follower.is_alive():
-            return False  # rank 0's log cannot be read (it said why): no progress to judge
+            return None  # rank 0's log cannot be read (it said why): no progress to judge
         if self._current_state() != RUNNING:
             self.quiet_since = None
-            return False
+            return None
         now = time.monotonic()
         if self.quiet_since is None:
             self.quiet_since = now
-        return now - self.quiet_since > self.stall_timeout
+        return limit if now - self.quiet_since > limit else None
 
     @staticmethod
     def _prefixed(on_line: Callable[[str], None], node: int) -> Callable[[str], None]:
@@ -294,8 +297,8 @@ class WaitSession:
                         return WaitResult(status)
                     self._drain_logs(EARLY_FAILURE_DRAIN_SECONDS)
                     return WaitResult(status, problem)
-                if self._stalled():
-                    raise Stalled(self.stall_timeout or 0.0)
+                if (limit := self._stalled()) is not None:
+                    raise Stalled(limit)
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     raise KubetrainError(
                         f"timed out after {self.timeout:g}s waiting for {self.kind.kind} "

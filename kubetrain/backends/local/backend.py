@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from kubetrain.backends.base import CREATED, FAILED, RUNNING, JobStatus
+from kubetrain.backends.base import CREATED, FAILED, RUNNING, JobStatus, StallTimeout, stall_seconds
 from kubetrain.backends.cancel import signals_cancel
 from kubetrain.backends.local.files import (
     KEEP_FILES_ENV,
@@ -159,7 +159,7 @@ class LocalBackend:
         name: str,
         timeout: float | None = None,
         on_log_line: Callable[[str], None] | None = None,
-        stall_timeout: float | None = None,
+        stall_timeout: StallTimeout = None,
     ) -> JobStatus:
         """Follow the job to its end. SIGTERM or SIGINT stops its processes (exit 128+N);
         with ``stall_timeout``, a running job whose nodes write nothing to their logs for that
@@ -186,10 +186,11 @@ class LocalBackend:
                         f"stay in {job_dir}; `kubetrain delete {name}` removes them)",
                         exit_code=128 + cancel.signum,
                     )
-                if stall_timeout is not None and progress.quiet_for(status) > stall_timeout:
+                limit = stall_seconds(stall_timeout)
+                if limit is not None and progress.quiet_for(status) > limit:
                     self.stop(name, CANCEL_GRACE_SECONDS)
                     raise JobStalled(
-                        f"job {name} stalled: no node wrote to its log for {stall_timeout:g}s "
+                        f"job {name} stalled: no node wrote to its log for {limit:g}s "
                         "while running (a stopped or hung rank); stopped its processes (logs in "
                         f"{job_dir}); raise --stall-timeout if the job may rightly be silent "
                         "that long"

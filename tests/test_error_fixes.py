@@ -70,50 +70,16 @@ ALLOWED = {
     ("kubetrain.train.trainer", "_hold_checkpoint_dir", "rank 0 refused"): (
         "the other ranks relay rank 0's own refusal (its message, which holds the fix) as text"
     ),
+    ("kubetrain.cli.run", "run", "view.failure"): (
+        "RunOutput.failure (kubetrain.cli.run_output) makes the line, which the source here "
+        "cannot render: `step NAME failed: CAUSE; to see more: kubetrain logs JOB` (the step's "
+        "own line, then the command), or the fallback run gives it, which ends the same way; "
+        "test_a_failed_run_ends_with_the_command_to_see_more checks both"
+    ),
 }
 #: (module, function, words of the message as written) -> the error line without a fix, in
 #: a module another session owns (issue 28); each goes once its line says what to do.
-NOT_YET = {
-    ("kubetrain.storage.verified_copy", "_source_size", "nothing was copied"): "copy's source",
-    ("kubetrain.cli.submit_argo", "_error", "message"): (
-        "Argo Server errors: `could not {what}: {exc}` and the server's answer, from _request "
-        "and _server_error"
-    ),
-    ("kubetrain.cli.run", "run", "pipeline failed"): "run's failing step",
-    ("kubetrain.backends.kubernetes.client", "translate", "cannot {action}"): (
-        "the API server's refusals (but 401 and 403): its message, no fix"
-    ),
-    ("kubetrain.backends.kubernetes.client", "translate", "the cluster refused to"): (
-        "an admission webhook's refusal: its fix is inside parentheses, not after '; '"
-    ),
-    ("kubetrain.backends.kubernetes.client", "translate", "message"): (
-        "any other HTTP status: the server's message, no fix"
-    ),
-    ("kubetrain.backends.kubernetes.backend", "logs", "has no pod"): (
-        "logs --node of a node without a pod: names the nodes with pods, says nothing to do"
-    ),
-    ("kubetrain.artifacts.manifest", "read_format_manifest", "if_foreign"): (
-        "kubetrain/artifacts/checkpoint_manifest.py passes if_foreign='it was not written by "
-        "kubetrain.train', a fact, no fix"
-    ),
-    ("kubetrain.artifacts.publish", "publish_verified", "nothing was published"): "publish",
-    ("kubetrain.artifacts.publish", "_recorded", "nothing was published"): "publish",
-    ("kubetrain.artifacts.checkpoint_formats.hf_sharded", "_weight_map", "refused"): (
-        "an HF index that is not JSON"
-    ),
-    ("kubetrain.artifacts.checkpoint_formats.files", "check_listed", "refused unread"): (
-        "an index naming a file outside its folder: states the rule, no fix"
-    ),
-    ("kubetrain.artifacts.checkpoint_formats.files", "read_record", "refused unread"): (
-        "an index or metadata file over its size limit"
-    ),
-    ("kubetrain.artifacts.checkpoint_formats.writer", "safetensors_tensors", "refused unread"): (
-        "a shard that is not safetensors, or a tensor that does not fit its bytes"
-    ),
-    ("kubetrain.components.evaluate_model.evaluate", "evaluate_with_program", "exited"): (
-        "the user's evaluation program failed: `its output is above`, nothing to do"
-    ),
-}
+NOT_YET: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -659,4 +625,36 @@ def test_collect_of_our_checkpoint_with_a_broken_manifest_says_to_re_create_it(
         capsys, tmp_path / "ckpt", tmp_path / "model", "--checkpoint-file", Path(epoch).name
     )
     assert "manifest.json is not valid JSON" in line and line.endswith(f"; {REWRITE}")
+    assert has_fix(line)
+
+
+def test_a_failed_run_ends_with_the_command_to_see_more(tmp_path, capsys, monkeypatch) -> None:
+    """The ALLOWED line of kubetrain.cli.run: a step's failure, and a pipeline failure no step
+    explains (KFP's runner failing before or around the steps), each end in the command."""
+    import io
+
+    from kubetrain.cli import main
+    from kubetrain.cli.run_output import RunOutput
+    from kubetrain.pipelines import training_pipeline
+
+    view = RunOutput(verbose=False, stream=io.StringIO(), colour=False)
+    view.step_started("wait-trainjob")
+    view.step_line("the job failed")
+    view.step_ended(False)
+    line = view.failure("kubetrain logs j", "pipeline failed")
+    assert line == "step wait-trainjob failed: the job failed; to see more: kubetrain logs j"
+    assert has_fix(line)
+
+    def pipeline(**_: object) -> None:
+        raise RuntimeError("Pipeline 'training-pipeline' finished with status FAILURE.")
+
+    monkeypatch.setattr(training_pipeline, "build_training_pipeline", lambda *_: pipeline)
+    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "local"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--output", str(tmp_path / "runs")]) != 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith(
+        "pipeline failed: Pipeline 'training-pipeline' finished with status FAILURE.; to see "
+        "more: kubetrain run --verbose (the same options)"
+    ), line
     assert has_fix(line)

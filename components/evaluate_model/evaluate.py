@@ -301,7 +301,8 @@ def evaluate_with_program(
             )
         if code != 0:
             raise KubetrainError(
-                f"your evaluation program {command[0]} exited with code {code}; its output is above"
+                f"your evaluation program {command[0]} exited with code {code}; its output is "
+                "above: fix what it names in your program, then run the step again"
             )
         metrics = read_metrics_file(metrics_file, command[0])
     return ProgramEvaluation(metrics, gate, gate.passes(metrics))

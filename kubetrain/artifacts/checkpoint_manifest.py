@@ -66,7 +66,8 @@ def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
         what=what,
         if_missing=", so it is not a complete checkpoint; use the folder that CKPT_DIR/LATEST "
         "names",
-        if_foreign="it was not written by kubetrain.train",
+        if_foreign="it was not written by kubetrain.train: use a checkpoint folder it wrote (the "
+        "folder that CKPT_DIR/LATEST names)",
     )
     check_fields(manifest, _FIELDS, what, MANIFEST)
     check_fields(manifest["model"], MODEL_FIELDS, what, MANIFEST, within="model.")

@@ -30,6 +30,13 @@ from kubetrain.artifacts.output_rule import DATASET, MODEL, CheckedOutput
 from kubetrain.errors import IntegrityError
 from kubetrain.storage.integrity import sha256_file
 
+#: What every refusal of a staged output says: nothing of it is out, and what to do. A staged
+#: folder that disagrees with itself was changed while the step ran, or is a bug of ours.
+NOT_PUBLISHED = (
+    "nothing was published: re-run the step with nothing else writing to its output (if "
+    "it fails the same way again, report it as a kubetrain bug)"
+)
+
 
 def publish_verified(staged: Path, output: CheckedOutput, verified: Mapping[str, str]) -> bool:
     """Publish the staging folder ``staged`` at ``output`` once every file named in
@@ -42,29 +49,29 @@ def publish_verified(staged: Path, output: CheckedOutput, verified: Mapping[str,
         raise TypeError(f"publish_verified takes a CheckedOutput, not {type(output).__name__}")
     where = f"the {output.kind.name} for {output.location}"
     if not verified:
-        raise IntegrityError(f"{where}: no verified file to publish; nothing was published")
+        raise IntegrityError(f"{where}: no verified file to publish; {NOT_PUBLISHED}")
     for name, digest in verified.items():
         if not is_sha256(digest) or not (staged / name).is_file():
             raise IntegrityError(
-                f"{where}: {name} was not staged with a verified sha256; nothing was published"
+                f"{where}: {name} was not staged with a verified sha256; {NOT_PUBLISHED}"
             )
     recorded = _recorded(staged, output)
     for name, digest in recorded:
         if verified.get(name) != digest:
             raise IntegrityError(
                 f"{where}: its {output.kind.marker} records sha256 {digest} for {name}, but "
-                f"{verified.get(name, 'no digest')} was verified; nothing was published"
+                f"{verified.get(name, 'no digest')} was verified; {NOT_PUBLISHED}"
             )
     if unrecorded := sorted(set(verified) - {name for name, _ in recorded}):
         raise IntegrityError(
             f"{where}: {unrecorded[0]} was verified but its {output.kind.marker} does not "
-            "record it; nothing was published"
+            f"record it; {NOT_PUBLISHED}"
         )
     for name, digest in verified.items():
         if (now := sha256_file(staged / name)) != digest:
             raise IntegrityError(
                 f"{where}: {name} changed after it was verified (sha256 {now}, verified "
-                f"{digest}); nothing was published"
+                f"{digest}); {NOT_PUBLISHED}"
             )
     if output.replaces:
         storage.publish_dir(staged, output.location, output.kind.marker, verified)
@@ -80,9 +87,9 @@ def _recorded(staged: Path, output: CheckedOutput) -> list[tuple[str, object]]:
     try:
         content = bounded_json.loads(marker.read_text())
     except (OSError, ValueError) as exc:
-        raise IntegrityError(f"{what} cannot be read ({exc}); nothing was published") from None
+        raise IntegrityError(f"{what} cannot be read ({exc}); {NOT_PUBLISHED}") from None
     if not isinstance(content, dict) or content.get("format") != output.kind.format:
-        raise IntegrityError(f"{what} is not of format {output.kind.format}; nothing was published")
+        raise IntegrityError(f"{what} is not of format {output.kind.format}; {NOT_PUBLISHED}")
     if output.kind == MODEL:
         records = [(MODEL_FILE, content.get("sha256"))]
     elif output.kind == DATASET:
@@ -96,5 +103,5 @@ def _recorded(staged: Path, output: CheckedOutput) -> list[tuple[str, object]]:
         digests = content.get("sha256")
         records = list(digests.items()) if isinstance(digests, dict) else []
     if not records or not all(isinstance(name, str) for name, _ in records):
-        raise IntegrityError(f"{what} records no sha256 by file name; nothing was published")
+        raise IntegrityError(f"{what} records no sha256 by file name; {NOT_PUBLISHED}")
     return records

@@ -391,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
                     )
                 )
             see_more = how_to_see_more(run_folders)
-            raise KubetrainError(view.failure(see_more, f"pipeline failed: {exc}")) from exc
+            fallback = f"pipeline failed: {exc}; to see more: {see_more}"
+            raise KubetrainError(view.failure(see_more, fallback)) from exc
     elapsed = time.monotonic() - started
     (run_name,) = run_names
     steps = pipeline_root / run_name

@@ -321,7 +321,8 @@ class ArgoClient:
             response = self.last
             if response is None or response.ok:
                 raise self._error(
-                    f"could not {what}: {type(exc).__name__}: {one_line(str(exc))}"
+                    f"could not {what}: {type(exc).__name__}: {one_line(str(exc))}; check that "
+                    "--host names the Argo Server's API, not a proxy or another service"
                 ) from None
             raise self._server_error(what, response) from None
 
@@ -332,20 +333,31 @@ class ArgoClient:
         except ValueError:
             message = None
         message = one_line(message or response.text or "(no message)")
-        hint = {
-            401: "; give a valid token with ARGO_TOKEN or --token-file (`argo auth token`)",
-            403: f"; the token may not do this in namespace {self.namespace}",
-        }.get(response.status_code, "")
-        if response.status_code == 404 and response.request.method == "POST":
+        status = response.status_code
+        if status == 401:
+            hint = "give a valid token with ARGO_TOKEN or --token-file (`argo auth token`)"
+        elif status == 403:
             hint = (
-                f"; {TEMPLATE_HINT}"
-                if response.url.endswith("/submit")
-                else "; check --host (the Argo Server's URL, with its base path)"
+                f"give a token whose account may do this in namespace {self.namespace}, or "
+                "pass the --namespace it may use"
             )
+        elif status == 404 and response.request.method == "POST":
+            hint = (
+                TEMPLATE_HINT
+                if response.url.endswith("/submit")
+                else "check --host (the Argo Server's URL, with its base path)"
+            )
+        elif status >= 500:
+            hint = (
+                "retry once the Argo Server answers again (its log: "
+                "`kubectl -n argo logs deploy/argo-server`)"
+            )
+        else:
+            hint = "fix what the server names"
         return self._error(
             f"could not {what}: the Argo Server at {self.host} answered "
-            f"{response.status_code} {response.reason}: {message}{hint}",
-            response.status_code,
+            f"{status} {response.reason}: {message}; {hint}",
+            status,
         )
 
     def _error(self, message: str, status: int = 0) -> KubetrainError:

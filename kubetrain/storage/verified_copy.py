@@ -192,9 +192,13 @@ def _source_size(fs: Any, path: str, source: str) -> int | None:
     try:
         info = fs.info(path)
     except FileNotFoundError as exc:
-        raise IntegrityError(f"{source} does not exist; nothing was copied") from exc
+        raise IntegrityError(
+            f"{source} does not exist; nothing was copied: check the path (was it moved?)"
+        ) from exc
     if info.get("type") == "directory":
-        raise IntegrityError(f"{source} is a folder, not a file; nothing was copied")
+        raise IntegrityError(
+            f"{source} is a folder, not a file; nothing was copied: give the path of a file in it"
+        )
     if info.get("type") != "file":  # a FIFO would block the copy, /dev/zero never end it
         raise IntegrityError(
             f"{source} is not a regular file (a FIFO, a device...); nothing was copied: copy a file"

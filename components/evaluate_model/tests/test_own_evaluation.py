@@ -190,7 +190,14 @@ def test_a_program_that_fails_fails_the_step_in_one_line(
         "--", sys.executable, name,
     )  # fmt: skip
     assert code == 1
-    assert err.strip().splitlines()[-1].endswith("exited with code 7; its output is above")
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "exited with code 7; its output is above: fix what it names in your program, then run "
+            "the step again"
+        )
+    )
 
 
 @pytest.mark.bad_input

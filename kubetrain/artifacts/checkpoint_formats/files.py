@@ -41,8 +41,9 @@ def check_listed(folder: Path, entry: object, listed: str) -> None:
         problem = local_entry_problem(folder, str(entry))
     if problem is not None:
         raise IntegrityError(
-            f"{listed} {shown(entry)}, which {problem}; refused unread: an index names only "
-            "regular files inside its own folder"
+            f"{listed} {shown(entry)}, which {problem}; refused unread (an index names only "
+            "regular files inside its own folder): save the checkpoint again with every file "
+            "beside its index"
         )
 
 
@@ -53,7 +54,8 @@ def read_record(path: Path) -> bytes:
     if len(data) > MAX_RECORD_BYTES:
         raise IntegrityError(
             f"checkpoint file {path} is over {MAX_RECORD_BYTES >> 20} MiB, more than any index "
-            "or metadata of a checkpoint; refused unread"
+            "or metadata of a checkpoint; refused unread: save the checkpoint again, or "
+            "collect another with --checkpoint-file"
         )
     return data
 

@@ -53,7 +53,10 @@ def _weight_map(root: Path, relative: str) -> dict[str, str]:
     try:
         index = bounded_json.loads(read_record(path))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise UnreadableCheckpoint(f"{what} is not a JSON index ({exc}); refused") from None
+        raise UnreadableCheckpoint(
+            f"{what} is not a JSON index ({exc}); refused: save the model again with "
+            "save_pretrained, or collect one shard-free file"
+        ) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise IntegrityError(

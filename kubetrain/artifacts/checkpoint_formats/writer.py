@@ -46,6 +46,8 @@ _NONFINITE_BITS = {
 }  # fmt: skip
 #: The option that publishes a model with NaN/Inf anyway, named by the refusal.
 ALLOW_NONFINITE = "--allow-nonfinite"
+#: What to do about a safetensors file that cannot be read back (a corrupt or cut shard).
+SAVE_AGAIN = "save the model again (save_file or save_pretrained), or collect an earlier checkpoint"
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ def safetensors_tensors(path: Path) -> dict[str, Stored]:
             header = bounded_json.loads(handle.read(length), max_bytes=length)
     except (ValueError, struct.error) as exc:
         raise UnreadableCheckpoint(
-            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread"
+            f"checkpoint file {path} is not a safetensors file ({exc}); refused unread: "
+            f"{SAVE_AGAIN}"
         ) from None
     start = 8 + length
     found = {}
@@ -166,7 +169,7 @@ def safetensors_tensors(path: Path) -> dict[str, Stored]:
         if dtype not in DTYPE_BYTES or end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
             raise IntegrityError(
                 f"checkpoint file {path}: tensor {shown(name)} of dtype {shown(dtype)} and shape "
-                f"{list(shape)} does not fit its {end - begin} bytes; refused unread"
+                f"{list(shape)} does not fit its {end - begin} bytes; refused unread: {SAVE_AGAIN}"
             )
         found[name] = Stored(path, dtype, shape, start + begin, start + end)
     return found

@@ -421,8 +421,9 @@ class KubernetesBackend:
         pods = latest_by_node(self.list_pods(name))
         if node is not None and node not in pods:
             raise KubetrainError(
-                f"node {node} of {self.kind.kind} {name} has no pod (yet); nodes with pods: "
-                f"{sorted(pods) or 'none'}"
+                f"node {node} of {self.kind.kind} {name} has no pod (yet); wait for it with "
+                f"`kubetrain logs {name} --node {node} --follow` (nodes with pods: "
+                f"{sorted(pods) or 'none'})"
             )
         nodes = [node] if node is not None else sorted(pods)
         for index in nodes:

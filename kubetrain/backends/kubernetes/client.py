@@ -195,8 +195,8 @@ def translate(exc: ApiException, action: Action) -> ApiError:
     status = exc.status or 0
     if status == 403 and WEBHOOK_DENIAL.match(server):
         return AdmissionDenied(
-            f"the cluster refused to {action}: {server} (a validating admission webhook's "
-            "answer, not a missing permission: fix what it names)",
+            f"the cluster refused to {action}: {server}; fix what it names (a validating "
+            "admission webhook's answer, not a missing permission)",
             action,
             status,
             body,
@@ -220,11 +220,30 @@ def translate(exc: ApiException, action: Action) -> ApiError:
             status,
             body,
         )
+    in_namespace = f" -n {action.namespace}" if action.namespace else ""
+    listing = f"`kubectl get {action.qualified}{in_namespace}`"
     if status == 404:
-        return NotFound(f"cannot {action}: {server or 'not found'}", action, status, body)
+        return NotFound(
+            f"cannot {action}: {server or 'not found'}; check the name and the namespace "
+            f"({listing}), and run `kubetrain doctor` to see whether the cluster serves "
+            f"{action.qualified}",
+            action,
+            status,
+            body,
+        )
     if status == 409:
-        return AlreadyExists(f"cannot {action}: {server}", action, status, body)
-    message = f"the cluster refused to {action} (HTTP {status}): {server}"
+        fix = (
+            f"choose another name, or delete the one there (see {listing})"
+            if action.verb == "create"
+            else "retry: the object changed while it was written"
+        )
+        return AlreadyExists(f"cannot {action}: {server}; {fix}", action, status, body)
+    fix = (
+        "fix what the server names"
+        if status < 500 and status != 429
+        else "retry once the API server answers again (`kubectl get --raw /readyz`)"
+    )
+    message = f"the cluster refused to {action} (HTTP {status}): {server}; {fix}"
     return ApiError(message, action, status, body)
 
 

@@ -14,6 +14,7 @@ import pytest
 from kubetrain.artifacts import checkpoint, checkpoint_manifest, datasets, model_card
 from kubetrain.artifacts.export import verify_export
 from kubetrain.artifacts.manifest import check_entry
+from kubetrain.bounded_json import MAX_DEPTH
 from kubetrain.errors import IntegrityError
 
 READERS = [
@@ -194,12 +195,13 @@ def test_a_link_to_a_file_inside_the_folder_is_allowed(tmp_path) -> None:
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("content", "problem"),
-    [("[" * 200_000, "nested too deep"), (None, "over 64 MiB")],
+    [("[" * 200_000, f"nested more than {MAX_DEPTH} deep"), (None, "over 64 MiB")],
     ids=["nested-200k-deep", "65-MiB"],
 )
 def test_a_record_too_deep_or_too_big_is_one_integrity_error(content, problem, tmp_path) -> None:
-    """Python's JSON parser recurses (RecursionError, not a JSONDecodeError) and reads all it
-    is given: both are refused as records no kubetrain step writes."""
+    """Python's JSON parser recurses (a RecursionError) and reads all it is given: the bounded
+    reader stops at its depth, the record read at its size, both refused as records no
+    kubetrain step writes."""
     from kubetrain.artifacts.manifest import MAX_RECORD_BYTES, read_format_manifest
 
     record = tmp_path / "manifest.json"

@@ -17,6 +17,22 @@ from tests.reliability.test_bad_input import assert_one_line_error
 
 #: A program that sleeps: a live job holding its checkpoint folder while the test runs.
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
+#: A script as the Kubeflow SDK gives `bash -c` (its function written out, then run): longer
+#: than a file name may be (NAME_MAX, 255), a fixed text handed to the shell as one argument
+#: (no braces: the expected commands are formatted with the folder).
+SDK_SCRIPT = (
+    "\nread -r -d '' SCRIPT << EOM\n\n"
+    "def train(parameters):\n"
+    "    import torch\n\n"
+    "    model = torch.nn.Linear(4, 2)\n"
+    "    optimizer = torch.optim.SGD(model.parameters(), lr=parameters['lr'])\n"
+    "    optimizer.step()\n"
+    "    torch.save(model.state_dict(), 'model.pt')\n\n"
+    "train(dict(lr=0.1))\n\n"
+    "EOM\n"
+    'printf "%s" "$SCRIPT" > "train.py"\n'
+    'torchrun --nproc-per-node 1 "train.py"'
+)
 
 
 def launch_cli(*argv: str) -> int:
@@ -42,7 +58,7 @@ def launch_cli(*argv: str) -> int:
         (["python", "/abs/train.py", "model.pt"], ["python", "/abs/train.py", "model.pt"]),
         (["python", "./save.py", "model.pt"], ["python", "{}/save.py", "model.pt"]),
         # A text too long for a file name (the Kubeflow SDK's `bash -c SCRIPT`) is no file.
-        (["bash", "-c", "echo " + "x" * 400], ["bash", "-c", "echo " + "x" * 400]),
+        (["bash", "-c", SDK_SCRIPT], ["bash", "-c", SDK_SCRIPT]),
         (["python", "x" * 300 + ".py"], ["python", "x" * 300 + ".py"]),
     ],
 )  # fmt: skip

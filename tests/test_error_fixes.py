@@ -20,6 +20,7 @@ class whose ``__init__`` does not take the message first is checked at its
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -657,4 +658,53 @@ def test_a_failed_run_ends_with_the_command_to_see_more(tmp_path, capsys, monkey
         "pipeline failed: Pipeline 'training-pipeline' finished with status FAILURE.; to see "
         "more: kubetrain run --verbose (the same options)"
     ), line
+    assert has_fix(line)
+
+
+@pytest.mark.parametrize(
+    ("status", "fix"),
+    [
+        (403, "give a token whose account may do this in namespace default"),
+        (502, "retry once the Argo Server answers again"),
+        (409, "fix what the server names"),
+    ],
+)
+def test_an_argo_server_refusal_says_what_to_do(status, fix, capsys, monkeypatch) -> None:
+    """Each status the Argo Server answers gets its fix after the server's message (403 said
+    only that the token may not, the others nothing)."""
+    from kubetrain.cli import main
+    from tests.support.argo_server import ArgoServer
+
+    for name in [name for name in os.environ if name.startswith("ARGO_")]:
+        monkeypatch.delenv(name)
+    with ArgoServer() as server:
+        server.fail(status, times=3)
+        assert main(["submit", "argo", "--host", server.url]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"answered {status} " in line and f": injected; {fix}" in line, line
+    assert has_fix(line)
+
+
+@pytest.mark.parametrize(
+    ("status", "verb", "fix"),
+    [
+        (404, "get", "check the name and the namespace (`kubectl get trainjobs."),
+        (409, "create", "choose another name, or delete the one there"),
+        (409, "patch", "retry: the object changed while it was written"),
+        (422, "create", "fix what the server names"),
+        (503, "list", "retry once the API server answers again"),
+    ],
+)
+def test_an_api_server_refusal_says_what_to_do(status, verb, fix) -> None:
+    """The API server's refusals but 401 and 403 (whose fixes were there) as a user reads them:
+    the server's message, then what to do."""
+    from kubernetes.client.exceptions import ApiException
+
+    from kubetrain.backends.kubernetes.client import Action, translate
+
+    refused = ApiException(status=status, reason="Refused")
+    refused.body = '{"message": "trainjobs.trainer.kubeflow.org \\"demo\\" is refused"}'
+    action = Action(verb, "trainjobs", "trainer.kubeflow.org", "demo", "default")
+    line = str(translate(refused, action))
+    assert f'"demo" is refused; {fix}' in line, line
     assert has_fix(line)

@@ -213,3 +213,36 @@ def test_a_staged_split_changed_after_its_verified_copy_is_refused(
     staged = Path(staging.stage_dataset(str(source), str(tmp_path / "shared" / "data")))
     assert datasets.read_manifest(staged) == datasets.read_manifest(source)
     assert leftovers(tmp_path / "shared") == ["data"], "no staging folder is left"
+
+
+# --- collect --export: the exported program is published only as verified as the model -------
+def exported_then_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export_model`` as collect calls it, and then a byte of the program it wrote flipped:
+    a program changed between its check against the model and the publish."""
+    from kubetrain.artifacts import export
+
+    real = export.export_model
+
+    def export_and_flip(model_dir, kind="torch-export", sample=None, model_factory=None):
+        path = real(model_dir, kind, sample, model_factory)
+        flip_byte(Path(path))
+        return path
+
+    monkeypatch.setattr(export, "export_model", export_and_flip)
+
+
+def test_collect_export_changed_after_it_was_written_is_not_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubetrain.components.collect_checkpoint.collect import collect_checkpoint
+    from tests.reliability.test_manifest_rule import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", "ddp")
+    collect_checkpoint(str(ckpt), str(tmp_path / "model"), export="torchscript")
+    published = json.loads((tmp_path / "model" / "export.json").read_text())["exports"]
+    assert list(published) == ["torchscript"]  # the unchanged export publishes
+    exported_then_changed(monkeypatch)
+    with pytest.raises(IntegrityError, match="model.torchscript.pt"):
+        collect_checkpoint(str(ckpt), str(tmp_path / "other"), export="torchscript")
+    assert not (tmp_path / "other").exists()
+    assert leftovers(tmp_path) == ["ckpt", "model"]  # no staging folder left

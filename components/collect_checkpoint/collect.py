@@ -275,12 +275,14 @@ def _publish(
     if not publishing.allow_nonfinite:
         scan.refuse(staged / MODEL_FILE, f"checkpoint {card['source_checkpoint']}")
     (staged / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    verified = {MODEL_FILE: model_sha256}
     if publishing.export != "none":
-        from kubetrain.artifacts.export import export_model
+        from kubetrain.artifacts.export import export_model, exported_files
 
         export_model(staged, publishing.export, model_factory=publishing.model_factory or None)
+        verified.update(exported_files(staged))  # each hashed as it was written
     # the model file's sha256 was verified as it was staged: not hashed again to upload it
-    publish_verified(staged, publishing.output, {MODEL_FILE: model_sha256})
+    publish_verified(staged, publishing.output, verified)
 
 
 def _copy_rank0_model(

@@ -42,12 +42,11 @@ from kubetrain.artifacts.manifest import (
     check_file_records,
     read_format_manifest,
 )
-from kubetrain.artifacts.model_card import load_model
+from kubetrain.artifacts.model_card import EXPORT_CARD, load_model
 from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason
 
 ExportKind = Literal["torch-export", "torchscript"]
 EXPORT_FILES: dict[str, str] = {"torch-export": "model.pt2", "torchscript": "model.torchscript.pt"}
-EXPORT_CARD = "export.json"
 EXPORT_FORMAT = "kubetrain.export/v1"
 #: Rows of the random batch the exports are checked on (≥ 2: the batch stays a dynamic dim).
 CHECK_BATCH = 8
@@ -172,6 +171,13 @@ def _read_export_card(folder: storage.Location) -> dict[str, Any]:
         folder, card["exports"], _EXPORT_FIELDS, what, EXPORT_CARD, "export", "exports"
     )
     return card
+
+
+def exported_files(model_dir: storage.Location) -> dict[str, str]:
+    """file -> sha256 of every export ``export.json`` records (held to the manifest rule), as
+    each was hashed when written: what publishing checks the files against."""
+    exports = _read_export_card(storage.dereference(model_dir))["exports"]
+    return {entry["file"]: entry["sha256"] for entry in exports.values()}
 
 
 def export_model(

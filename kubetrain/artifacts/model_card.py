@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # torch only for loading; reading a card or copying a model n
 MODEL_FORMAT = "kubetrain.model/v1"
 MODEL_FILE = "model.safetensors"
 MODEL_CARD = "model.json"
+#: The record of a model's exported programs (kubetrain.artifacts.export), beside its card.
+EXPORT_CARD = "export.json"
 #: A model registry's pointer to its current version (``kubetrain promote``): a folder beside
 #: it is a published version, which nothing but promote writes.
 REGISTRY_POINTER = "PROMOTED"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kubetrain import bounded_json, storage
 from kubetrain.artifacts.manifest import is_sha256
-from kubetrain.artifacts.model_card import MODEL_FILE
+from kubetrain.artifacts.model_card import EXPORT_CARD, MODEL_FILE
 from kubetrain.artifacts.output_rule import DATASET, MODEL, CheckedOutput
 from kubetrain.errors import IntegrityError
 from kubetrain.storage.integrity import sha256_file
@@ -79,6 +79,25 @@ def publish_verified(staged: Path, output: CheckedOutput, verified: Mapping[str,
     return storage.publish_new_dir(staged, output.location, output.kind.marker, verified)
 
 
+def _export_records(staged: Path, what: str) -> list[tuple[object, object]]:
+    """(file, sha256) of each program ``export.json`` records beside a model's card (none
+    without it): an export is published only as verified as the model."""
+    card = staged / EXPORT_CARD
+    if not card.exists():
+        return []
+    try:
+        exports = bounded_json.loads(card.read_text()).get("exports")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise IntegrityError(
+            f"{what}: its {EXPORT_CARD} cannot be read ({exc}); {NOT_PUBLISHED}"
+        ) from None
+    entries = exports.values() if isinstance(exports, dict) else [None]
+    return [
+        (entry.get("file"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        for entry in entries
+    ]
+
+
 def _recorded(staged: Path, output: CheckedOutput) -> list[tuple[str, object]]:
     """(file, sha256) for each file the staged marker records: a model's card its model file,
     a dataset's manifest each split's file, a report's marker its ``sha256`` by file."""
@@ -91,7 +110,7 @@ def _recorded(staged: Path, output: CheckedOutput) -> list[tuple[str, object]]:
     if not isinstance(content, dict) or content.get("format") != output.kind.format:
         raise IntegrityError(f"{what} is not of format {output.kind.format}; {NOT_PUBLISHED}")
     if output.kind == MODEL:
-        records = [(MODEL_FILE, content.get("sha256"))]
+        records = [(MODEL_FILE, content.get("sha256")), *_export_records(staged, what)]
     elif output.kind == DATASET:
         splits = content.get("splits")
         entries = list(splits.values()) if isinstance(splits, dict) else []

@@ -60,16 +60,84 @@ def script_sha256(spec: TrainJobSpec) -> str:
     return hashlib.sha256(script_text(spec).encode("utf-8")).hexdigest()
 
 
-#: Runs ``CMD...`` in ``FOLDER`` (made if missing): ``python3 -c CODE FOLDER CMD...``. Neither
-#: a TrainJob's trainer nor its runtimePatches can set a container's workingDir (Trainer v2.3
-#: API), so a spec's ``working_dir`` is this fixed launcher; the folder and the program are
-#: its arguments, never parsed by a shell.
-IN_FOLDER = (
-    "python3",
-    "-c",
-    "import os, sys; os.makedirs(sys.argv[1], exist_ok=True); os.chdir(sys.argv[1]); "
-    "os.execvp(sys.argv[2], sys.argv[2:])",
-)
+#: The launcher's program: make and enter ``FOLDER``; on node 0 (``PET_NODE_RANK`` "0" or
+#: unset: every node's pod shares the folder) lock it as our trainer's rank 0 does
+#: (``kubetrain.artifacts.checkpoint.lock_checkpoint_dir``: ``flock`` on ``FOLDER/.lock``, the
+#: holder written as ``job_identity``'s JSON, no lock where the filesystem has none), the
+#: descriptor left open across ``exec`` so the program holds the lock for its life; then run
+#: ``CMD``. A second job on the folder stops at once with one line naming the holder, instead
+#: of overwriting the first's files. A program that runs our trainer (``-m kubetrain.train``)
+#: is not locked here: the trainer locks the folder itself, and a second lock would refuse it.
+#: Standard library only: it runs on the user's image.
+IN_FOLDER_CODE = """\
+import errno, fcntl, json, os, socket, sys
+from datetime import datetime, timezone
+
+folder, program = sys.argv[1], sys.argv[2:]
+LOCK = os.path.join(folder, ".lock")
+FIX = "give each job its own --checkpoint-dir, or wait until that job ends"
+MODULE_OPTIONS = ("-m", "--module")
+
+
+def refuse(problem, fix):
+    line = f"kubetrain: error: checkpoint_dir: {problem}; {fix}"
+    sys.exit("".join(c if c.isprintable() else "?" for c in line))
+
+
+def describe(raw):
+    try:
+        holder = json.loads(raw)
+        parts = [f"{key} {holder[key]}" for key in ("job", "run_id", "host", "pid", "since")]
+        return ", ".join(part for part in parts if not part.endswith(" None"))
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return "a process that has not yet said who it is"
+
+
+def runs_our_trainer():
+    pairs = zip(program, program[1:])
+    named = any(a in MODULE_OPTIONS and b == "kubetrain.train" for a, b in pairs)
+    return named or "-mkubetrain.train" in program
+
+
+try:
+    os.makedirs(folder, exist_ok=True)
+    os.chdir(folder)
+except OSError as exc:
+    refuse(f"cannot make or enter {folder} ({exc.strerror})", "give a folder this job can write")
+if os.environ.get("PET_NODE_RANK", "0") in ("", "0") and not runs_our_trainer():
+    try:
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        refuse(f"cannot write {LOCK} ({exc.strerror})", "give a folder this job can write")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = describe(os.pread(fd, 64 * 1024, 0))
+        problem = f"{folder} is being written by another job (its lock {LOCK} is held by: {holder})"
+        refuse(problem, FIX)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            refuse(f"cannot lock {LOCK} ({exc.strerror})", "check the volume that holds it")
+        os.close(fd)  # a filesystem without locks: each job needs a folder of its own
+    else:
+        holder = {
+            "job": os.environ.get("KUBETRAIN_JOB_NAME") or None,
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or None,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder, sort_keys=True) + "\\n").encode(), 0)
+        os.set_inheritable(fd, True)
+os.execvp(program[0], program)
+"""
+
+#: Runs ``CMD...`` in ``FOLDER`` (made if missing), locked as above: ``python3 -c CODE FOLDER
+#: CMD...``. Neither a TrainJob's trainer nor its runtimePatches can set a container's
+#: workingDir (Trainer v2.3 API), so a spec's ``working_dir`` is this fixed launcher; the
+#: folder and the program are its arguments, never parsed by a shell.
+IN_FOLDER = ("python3", "-c", IN_FOLDER_CODE)
 
 
 def node_program(spec: TrainJobSpec) -> tuple[list[str], list[str]]:

@@ -104,6 +104,7 @@ def test_submit_kfp_names_the_server(
     ("content_type", "body"),
     [
         ("text/plain", b"a pod's log line\n"),  # logs are text
+        ("application/octet-stream", b"a log \xff line\n"),  # bytes not said to be JSON
         ("", b"anything"),  # no type said: left to the client
         ("application/json", b""),  # an empty answer (a DELETE's)
         ("application/merge-patch+json", b'{"a": 1}'),

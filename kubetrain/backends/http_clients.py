@@ -65,6 +65,10 @@ class ServerSilent(KubetrainError):
         return ServerSilent(self.service, self.server, self.seconds, str(action))
 
 
+#: What a proxy or a login page answers in place of an API.
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
 class AnswerUnreadable(KubetrainError):
     """A server answered a request with success but not with the API's JSON: a proxy's or a
     login page's HTML, bytes that are not UTF-8, or JSON past the bounded reader's limits."""
@@ -79,19 +83,21 @@ class AnswerUnreadable(KubetrainError):
 def check_answer(
     service: str, url: str, status: int, content_type: str | None, body: bytes | str
 ) -> None:
-    """Refuse a 2xx answer whose body no API client could read (``AnswerUnreadable``): JSON
-    is read by the bounded reader (kubetrain.bounded_json), plain text (a pod's log) and an
-    empty body pass, any other media type (``text/html``) is not an API's answer. Checked
-    here, where every answer passes, because the generated clients fall back to the raw text
-    when JSON fails and then break on it far from the request (a ``str`` where a dict was
-    meant, a model field ``None``)."""
+    """Refuse a 2xx answer whose body no API client could read (``AnswerUnreadable``): one
+    that says it is JSON is read by the bounded reader (kubetrain.bounded_json); an HTML page
+    (a proxy's or a login page) is no API's answer. Anything else passes (a pod's log, which
+    the API server sends as text/plain; an empty body). Checked here, where every answer
+    passes, because the generated clients fall back to the raw text when JSON fails and then
+    break on it far from the request (a ``str`` where a dict was meant, a model field None)."""
     from kubetrain import bounded_json
 
     media = (content_type or "").split(";")[0].strip().lower()
-    if not 200 <= status <= 299 or not body or media in ("", "text/plain"):
+    if not 200 <= status <= 299 or not body:
         return
-    if not (media == "application/json" or media.endswith("+json")):
+    if media in HTML_TYPES:
         raise AnswerUnreadable(service, origin(url), f"a {media} page")
+    if not (media == "application/json" or media.endswith("+json")):
+        return
     try:
         bounded_json.loads(body)
     except ValueError as exc:  # BoundedJSONError, JSONDecodeError

@@ -42,15 +42,22 @@ def program_from_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def parse_command(text: str, option: str) -> tuple[str, ...]:
-    """A JSON list of texts; empty text or ``[]``: none."""
+    """A JSON list of texts; empty text or ``[]``: none. Only its first text, the program,
+    must not be empty: an argument may be (``--prefix ""``), as after ``--``."""
     if not text.strip():
         return ()
     try:
         value = bounded_json.loads(text)
     except json.JSONDecodeError as exc:  # the bounded reader's refusals are ones too
         raise InvalidInput(option, f"{shown(text)} is not JSON ({exc.msg})", FIX) from None
-    if not isinstance(value, list) or not all(isinstance(part, str) and part for part in value):
+    if not isinstance(value, list) or not all(isinstance(part, str) for part in value):
         raise InvalidInput(option, f"{shown(text)} is not a list of texts", FIX)
+    if value and not value[0]:
+        raise InvalidInput(
+            option,
+            f"{shown(text)} is not a list that names a program (its first text is empty)",
+            FIX,
+        )
     check_program_text(value, option)
     return tuple(value)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from kubetrain.components._shared.program import add_program_arguments, program_from_args
 from kubetrain.components._shared.step_outputs import (
     add_output_parameters_argument,
+    check_folder_can_be_made,
     check_output_parameters,
     write_output_parameters,
 )
@@ -15,6 +17,7 @@ from kubetrain.errors import IntegrityError, InvalidInput, terminal_text
 
 #: What ``--output-parameters DIR`` holds once the step is done, one file each.
 OUTPUT_NAMES = ("accuracy", "loss", "passed")
+METRICS_OUTPUT = "--metrics-output"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print all metrics as JSON")
     parser.add_argument(
-        "--metrics-output",
+        METRICS_OUTPUT,
         default="",
         metavar="FILE",
         help="also write all metrics as JSON to FILE (an Argo output artifact)",
@@ -104,6 +107,7 @@ def _optional_number(text: str) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     check_output_parameters(args.output_parameters, OUTPUT_NAMES)
+    check_metrics_output(args.metrics_output)
     command = program_from_args(args)
     if command:
         return run_program(args, command)
@@ -148,6 +152,23 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         print(f"report {terminal_text(str(report))}")
     return 0 if passed or not args.fail_below_threshold else 3
+
+
+def check_metrics_output(location: str) -> None:
+    """Refuse a ``--metrics-output`` file that could not be written, before the evaluation
+    (ours, or your program, which may run for hours): found only when the metrics are
+    written, it fails a step whose work is done. Nothing is created here; empty: none."""
+    if not location:
+        return
+    fix = "give a file path in a folder you may write in, e.g. /tmp/outputs/metrics.json"
+    if "\0" in location:
+        raise InvalidInput(METRICS_OUTPUT, "holds a NUL byte", fix)
+    target = Path(location)
+    if target.is_dir():
+        raise InvalidInput(
+            METRICS_OUTPUT, f"{target} is a folder, where the metrics are written as a file", fix
+        )
+    check_folder_can_be_made(target.parent, METRICS_OUTPUT, fix)
 
 
 def run_program(args: argparse.Namespace, command: tuple[str, ...]) -> int:

@@ -269,7 +269,9 @@ def evaluate_with_program(
     from kubetrain.errors import KubetrainError
 
     gate.validate()
-    if not command or not all(isinstance(part, str) and part for part in command):
+    # the program's name must be a text that is not empty; an argument may be empty, as
+    # after `--` (`--prefix ""`)
+    if not command or not command[0] or not all(isinstance(part, str) for part in command):
         raise InvalidInput(
             "command", f"{command!r} is no program", 'give it as texts, e.g. ["python", "eval.py"]'
         )

@@ -352,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
         stopped_whole_on_interrupt(pipeline_root),
         job_folder_kept(),
         run_resource_name_resolved() as run_names,
+        interpreter_put_in_kfp_s_own_command(),
         kfp_output_shaped(view),
     ):
         try:
@@ -536,6 +537,38 @@ def run_resource_name_resolved() -> Iterator[set[str]]:
         yield run_names
     finally:
         placeholder_utils.resolve_individual_placeholder = resolve
+
+
+@contextlib.contextmanager
+def interpreter_put_in_kfp_s_own_command() -> Iterator[None]:
+    """Make KFP's local runner put this interpreter's path for ``python3`` in the step's own
+    command only (its ``sh -ec`` launcher), not in the arguments after ``--executor_input``:
+    their JSON holds the pipeline's parameter values, and a user's program given as
+    ``/venv/bin/python3 -c ...`` (any value holding ``python3``) reached the launch step as
+    ``/venv/bin//venv/bin/python3``.
+
+    The runner replaces the text ``python3`` in every part of the command but the component's
+    code (kfp 2.17 kfp/local/subprocess_task_handler.py replace_python_executable, ~line 139,
+    called from SubprocessTaskHandler.run); the parts are the component's command, then its
+    args, which start with ``--executor_input`` (kfp/local/task_dispatcher.py ~line 160:
+    ``list(container.command) + list(container.args)``)."""
+    from kfp.local import subprocess_task_handler
+
+    replace = subprocess_task_handler.replace_python_executable
+
+    def replace_in_command_only(full_command: list[str], new_executable: str) -> list[str]:
+        end = (
+            full_command.index("--executor_input")
+            if "--executor_input" in full_command
+            else len(full_command)
+        )
+        return [*replace(full_command[:end], new_executable), *full_command[end:]]
+
+    subprocess_task_handler.replace_python_executable = replace_in_command_only
+    try:
+        yield
+    finally:
+        subprocess_task_handler.replace_python_executable = replace
 
 
 #: Marks every process a `kubetrain run` starts (its steps, their training job), which inherit

@@ -29,7 +29,7 @@ from kubetrain.artifacts.model_card import (
     REGISTRY_POINTER_FORMAT,
     read_model_card,
 )
-from kubetrain.artifacts.output_rule import registry_version
+from kubetrain.artifacts.output_rule import enclosing_version, registry_version
 from kubetrain.artifacts.publish import publish_verified
 from kubetrain.artifacts.safetensors_header import tensor_names
 from kubetrain.errors import IntegrityError, InvalidInput, KubetrainError
@@ -57,13 +57,19 @@ def location(text: str, field: str, forms: str, writable: bool = False) -> stora
     """A model or registry as promote reads or writes it: a local Path (a plain path or a
     ``file://`` URL) or an fsspec URL without its trailing slash; refused in one line when
     empty (``forms`` says what to give), when it names no place, when its protocol is unknown
-    or not installed, or (``writable``) when its filesystem can only be read."""
+    or not installed, or (``writable``: a registry) when its filesystem can only be read or it
+    is or lies inside another registry's version, which promote would write into."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput(field, "is empty", f"give {forms}")
     (storage.check_writable if writable else storage.check_location)(text, field)
-    if storage.is_local(text):
-        return storage.local_path(text, field).expanduser()
-    return text.rstrip("/")
+    place = storage.local_path(text, field).expanduser() if storage.is_local(text) else text
+    if writable and (version := enclosing_version(place, field)):
+        raise InvalidInput(
+            field,
+            version.describe(text),
+            f"give a registry folder outside it, e.g. {version.registry} itself",
+        )
+    return place if isinstance(place, Path) else place.rstrip("/")
 
 
 def check_outlives_run(registry: str, run_claim_mount: str, field: str = "registry") -> None:

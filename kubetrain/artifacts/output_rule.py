@@ -8,7 +8,7 @@ the dataset staging copy): publishing replaces the target folder, so before any 
 - not one of the step's inputs, nor inside one, nor holding one (resolved real paths, symlinks
   included; on object storage, the same URL or a prefix of it);
 - not a published version of a model registry (a folder beside the registry's ``PROMOTED``
-  pointer): versions are immutable, and only ``kubetrain promote`` writes there.
+  pointer) nor inside one: versions are immutable, and only ``kubetrain promote`` writes there.
 
 Anything else is refused with one line naming the option, before anything is created. What
 the rule allows comes back as a :class:`CheckedOutput`, which only this module makes and which
@@ -97,20 +97,47 @@ def is_output_of(location: storage.Location, kind: OutputKind) -> bool:
     return _holds_marker(location, kind.marker, kind.format)
 
 
-def _check_not_a_registry_version(text: str, field: str) -> None:
-    """Refuse a folder beside a registry's PROMOTED pointer: a promoted version (or one a
-    promote will publish), whose model card is a model's like any collect output."""
-    if storage.is_local(text):
-        parent: storage.Location = storage.local_path(text, field).resolve().parent
+@dataclass(frozen=True)
+class EnclosingVersion:
+    """A registry version that a location is (``inside`` False) or lies inside."""
+
+    registry: storage.Location
+    version: storage.Location
+    inside: bool
+
+    def describe(self, location: storage.Location) -> str:
+        where = "inside the version" if self.inside else "the version"
+        return (
+            f"{location} is {where} {storage.name_of(self.version)} of the model registry "
+            f"{self.registry} (it holds {REGISTRY_POINTER}), and a version is never changed"
+        )
+
+
+def enclosing_version(location: storage.Location, field: str = "path") -> EnclosingVersion | None:
+    """The model registry version (a folder whose parent holds a ``PROMOTED`` pointer) that
+    ``location`` is or lies inside, else None. Locally the real path (links resolved, also of
+    a folder not yet made); on object storage one look for the pointer per ancestor prefix,
+    the bucket included."""
+    if storage.is_local(location):
+        path = storage.local_path(location, field).resolve()
+        chain: list[storage.Location] = [path, *path.parents]
     else:
-        parent = text.rstrip("/").rsplit("/", 1)[0]
-    if "://" in os.fspath(parent) and os.fspath(parent).endswith(":/"):
-        return  # a bucket's root has no parent folder to be a registry
-    if _holds_marker(parent, REGISTRY_POINTER, REGISTRY_POINTER_FORMAT):
+        protocol, _, rest = os.fspath(location).partition("://")
+        segments = [segment for segment in rest.split("/") if segment]
+        chain = [f"{protocol}://{'/'.join(segments[:end])}" for end in range(len(segments), 0, -1)]
+    for depth, (version, registry) in enumerate(zip(chain, chain[1:], strict=False)):
+        if _holds_marker(registry, REGISTRY_POINTER, REGISTRY_POINTER_FORMAT):
+            return EnclosingVersion(registry, version, inside=depth > 0)
+    return None
+
+
+def _check_not_a_registry_version(text: str, field: str) -> None:
+    """Refuse a registry's version (a promoted one, or one a promote will publish), whose model
+    card is a model's like any collect output, and any folder inside one."""
+    if found := enclosing_version(text, field):
         raise InvalidInput(
             field,
-            f"{text} is a version of the model registry {parent} (it holds "
-            f"{REGISTRY_POINTER}); a promoted version is never replaced",
+            found.describe(text),
             "give a folder outside the registry; `kubetrain promote` publishes new versions",
         )
 

@@ -8,12 +8,15 @@ at once, ``render_launch`` prints what ``launch`` would create, without a cluste
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
 import stat
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,13 @@ from kubetrain.components._shared.program import (
     check_program_text,
     with_program_file_from,
 )
-from kubetrain.errors import IntegrityError, InvalidInput, refusal_reason, terminal_text
+from kubetrain.errors import (
+    IntegrityError,
+    InvalidInput,
+    KubetrainError,
+    refusal_reason,
+    terminal_text,
+)
 from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import (
     AUTO_PROCS,
@@ -318,11 +327,18 @@ def launch(
             )
         else:
             check_local_program(request.training.data_dir, plan.checkpoint_dir)
-        check_checkpoint_folder_free(plan.checkpoint_dir, backend_impl.root)
-    shared = request.shared_volume if backend != "local" else None
-    if storage.is_local(plan.checkpoint_dir) and (
-        backend == "local" or (shared is not None and _inside(plan.checkpoint_dir, shared))
-    ):  # seen here: this machine's folder, or the claim this step mounts as the nodes do
+        with one_local_launch_at_a_time(backend_impl.root):
+            check_checkpoint_folder_free(plan.checkpoint_dir, backend_impl.root)
+            if storage.is_local(plan.checkpoint_dir):
+                check_checkpoint_lock(plan.checkpoint_dir)
+            name = backend_impl.launch(plan.spec)
+        return LaunchResult(job_name=name, checkpoint_dir=plan.checkpoint_dir)
+    shared = request.shared_volume
+    if (
+        shared is not None
+        and storage.is_local(plan.checkpoint_dir)
+        and _inside(plan.checkpoint_dir, shared)
+    ):  # seen here: the claim this step mounts as the nodes do
         check_checkpoint_lock(plan.checkpoint_dir)
     if plan.stage_from:
         from kubetrain.components.launch_trainjob.staging import stage_dataset
@@ -490,25 +506,83 @@ def check_local_program(data_dir: str, checkpoint_dir: str) -> None:
         _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
 
 
+#: How long a local launch waits for another one's check and creation (well under a second
+#: each); a launch holding the lock longer is stopped or hung.
+LAUNCH_LOCK_SECONDS = 60.0
+LAUNCH_LOCK_POLL_SECONDS = 0.02
+#: flock's answers on a filesystem that has no locks (NFS without lockd, some FUSE mounts).
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EINVAL)
+#: What reading a job folder's records raises when they are missing, damaged or of the wrong
+#: shape (a status.json holding a list).
+UNREADABLE_RECORD = (
+    KubetrainError,
+    OSError,
+    ValueError,
+    RecursionError,
+    LookupError,
+    TypeError,
+    AttributeError,
+)
+
+
+@contextlib.contextmanager
+def one_local_launch_at_a_time(root: Path) -> Iterator[None]:
+    """Hold an ``flock`` on the local jobs' root folder from the check that no live job uses
+    the checkpoint folder until the new job's record exists: two launches at once each found
+    the folder free and both started. The root's own lock, so no file is added among the
+    jobs; it ends with this process whatever happens, and the job's supervisor does not
+    inherit it (``O_CLOEXEC``, and ``Popen`` closes the rest). Without locks on the root's
+    filesystem the launch goes on unlocked, as before."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + LAUNCH_LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise KubetrainError(
+                        f"another `kubetrain launch` has held the lock on {root} for "
+                        f"{LAUNCH_LOCK_SECONDS:g}s (it checks and creates a job in under a "
+                        "second); stop that launch if it hangs, then launch again"
+                    ) from None
+                time.sleep(LAUNCH_LOCK_POLL_SECONDS)
+            except OSError as exc:
+                if exc.errno not in NO_LOCKS:
+                    raise
+                break
+        yield
+    finally:
+        os.close(fd)
+
+
 def check_checkpoint_folder_free(checkpoint_dir: str, root: Path) -> None:
     """Refuse a local checkpoint folder that is, lies in or holds the checkpoint folder of a
     live job of this machine (Created or Running, as `kubetrain list` finds them): our
     trainer locks its folder only once its nodes run, and a user's program takes no lock, so
-    two jobs would overwrite each other's files (``model.pt``, epochs, ``LATEST``)."""
+    two jobs would overwrite each other's files (``model.pt``, epochs, ``LATEST``). A finished
+    job costs one read of its ``status.json``: a root keeps many (``--keep-job``)."""
     from kubetrain.backends.base import CREATED, RUNNING
-    from kubetrain.backends.local.files import read_record
-    from kubetrain.backends.local.listing import list_local_jobs
+    from kubetrain.backends.local.backend import LocalBackend
+    from kubetrain.backends.local.files import read_record, read_status
 
-    if not storage.is_local(checkpoint_dir):
+    if not storage.is_local(checkpoint_dir) or not root.is_dir():
         return
     folder = storage.local_path(checkpoint_dir, "checkpoint_dir").resolve()
-    for row in list_local_jobs(root):
-        if row.state not in (CREATED, RUNNING):
-            continue
+    backend = LocalBackend(root)
+    for job_dir in sorted(root.iterdir()):
         try:
-            theirs = read_record(root / row.name / "job.json")["spec"]["env"][CHECKPOINT_DIR_ENV]
-        except (OSError, ValueError, RecursionError, KeyError, TypeError):
-            continue  # a record that does not say: its job is shown Unknown by `list`
+            if read_status(job_dir).finished:
+                continue
+            # A job whose supervisor died is Failed here, as in `kubetrain list`.
+            state = backend.status(job_dir.name).state
+            theirs = read_record(job_dir / "job.json")["spec"]["env"][CHECKPOINT_DIR_ENV]
+        except UNREADABLE_RECORD:
+            continue  # no job, or records that do not say: `list` shows it Unknown
+        if state not in (CREATED, RUNNING):
+            continue
         if not isinstance(theirs, str) or not storage.is_local(theirs):
             continue
         other = storage.local_path(theirs, "checkpoint_dir").resolve()
@@ -522,9 +596,9 @@ def check_checkpoint_folder_free(checkpoint_dir: str, root: Path) -> None:
             continue
         raise InvalidInput(
             "checkpoint_dir",
-            f"{folder} {relation} of live job {row.name} ({row.state})",
+            f"{folder} {relation} of live job {job_dir.name} ({state})",
             "give this job a --checkpoint-dir of its own, apart from that job's, or wait until "
-            f"that job ends (or `kubetrain delete {row.name}`)",
+            f"that job ends (or `kubetrain delete {job_dir.name}`)",
         )
 
 

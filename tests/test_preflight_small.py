@@ -32,7 +32,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
     }
 
 
-def _local_job(root: Path, name: str, status: dict, nodes: int = 2) -> Path:
+def _local_job(root: Path, name: str, status: dict | list, nodes: int = 2) -> Path:
     """A finished-looking job folder as launch and the supervisor write it."""
     job_dir = root / name
     job_dir.mkdir(parents=True)
@@ -99,6 +99,21 @@ def test_list_tells_a_malformed_record_and_lists_the_others(local_root, capsys):
     ]
     assert captured.err.splitlines() == [
         "textual: unreadable: status.json created_at is 'yesterday', not a time in seconds"
+    ]
+
+
+def test_list_tells_a_status_record_that_is_no_object(local_root, capsys):
+    """A status.json holding [] broke the whole list with an AttributeError."""
+    _local_job(local_root, "good", _finished("good"))
+    _local_job(local_root, "listed", [])
+    assert main(["list"]) == 0
+    captured = capsys.readouterr()
+    assert [line.split()[:2] for line in captured.out.splitlines()[1:]] == [
+        ["good", COMPLETE],
+        ["listed", "Unknown"],
+    ]
+    assert captured.err.splitlines() == [
+        "listed: unreadable: status.json holds JSON list, not an object"
     ]
 
 

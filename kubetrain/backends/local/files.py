@@ -48,7 +48,12 @@ def read_record(path: Path) -> Any:
 
 
 def read_status(job_dir: Path) -> JobStatus:
-    return JobStatus.from_dict(read_record(job_dir / "status.json"))
+    """The job's status record; one that is not a JSON object is a ValueError, as malformed
+    JSON is (a ``[]`` there broke all of `kubetrain list`)."""
+    record = read_record(job_dir / "status.json")
+    if not isinstance(record, dict):
+        raise ValueError(f"status.json holds JSON {type(record).__name__}, not an object")
+    return JobStatus.from_dict(record)
 
 
 def recorded_nodes(job_dir: Path) -> int | None:

@@ -263,30 +263,63 @@ def kubernetes_api_client(
     return client
 
 
-def kfp_client(host: str, namespace: str | None) -> kfp.Client:
-    """A ``kfp.Client`` for ``host`` whose requests have timeouts. The constructor may call
-    the server (healthz, when no namespace is known) with no timeout, so it runs within the
-    deadline too; then the ``rest_client`` of the one ``kfp_server_api.ApiClient`` its
-    service APIs share (reached through ``client.runs``, one of the generated API groups
-    kfp.Client publishes: kfp/client/client.py ``_add_generated_apis``) is replaced by a
-    timed one."""
+#: Attempts the KFP client makes at the server's health check, and its pause between them
+#: (kfp 2.17.3 kfp/client/client.py ``Client.get_kfp_healthz``, ~line 401: ``max_attempts =
+#: 5``, ``sleep_duration = 5``), which retries only an HTTP error answer (``ApiException``).
+KFP_HEALTHZ_ATTEMPTS = 5
+
+
+def _time_kfp_requests(api_client: Any, seconds: float) -> None:
+    """Put a timed ``rest_client`` (the attribute ``kfp_server_api.ApiClient.call_api`` sends
+    through) in ``api_client``, the one the service APIs of a ``kfp.Client`` share; once."""
     import kfp_server_api.rest
+
+    rest = _timed_rest_client(kfp_server_api.rest.RESTClientObject)
+    if not isinstance(api_client.rest_client, rest):
+        api_client.rest_client = rest(api_client.configuration, "KFP API", seconds)
+
+
+@functools.cache
+def _timed_kfp_client() -> type:
+    """``kfp.Client`` whose every request is timed and read by ``check_answer``, the health
+    check its constructor makes included. ``Client.__init__`` builds its ``ApiClient`` itself
+    (no argument takes one) and, when no namespace is known, calls ``get_kfp_healthz`` before
+    it returns (kfp 2.17.3 kfp/client/client.py ``Client.__init__``, ~line 204): that method,
+    public and called on ``self``, is the first point after the ``ApiClient`` exists, so the
+    timed client goes in there. Its retries keep upstream's count but pause so that they all
+    fit in half the deadline: a server answering 500 at once is reported as its answer, not
+    as silent after upstream's 20 s of pauses."""
     from kfp import Client
 
+    class TimedKfpClient(Client):
+        def __init__(self, host: str, namespace: str | None, seconds: float) -> None:
+            self.deadline_seconds = seconds
+            super().__init__(host=host, namespace=namespace)
+            _time_kfp_requests(self.runs.api_client, seconds)
+
+        def get_kfp_healthz(self, sleep_duration: int = 5) -> Any:
+            # through client.healthzs, the generated API group kfp.Client publishes
+            # (kfp/client/client.py _add_generated_apis), which shares the ApiClient
+            _time_kfp_requests(self.healthzs.api_client, self.deadline_seconds)
+            pause = min(sleep_duration, self.deadline_seconds / 2 / (KFP_HEALTHZ_ATTEMPTS - 1))
+            return super().get_kfp_healthz(sleep_duration=pause)
+
+    return TimedKfpClient
+
+
+def kfp_client(host: str, namespace: str | None) -> kfp.Client:
+    """A ``kfp.Client`` for ``host`` whose requests have timeouts and whose answers pass
+    ``check_answer`` (``_timed_kfp_client``). The constructor runs within the deadline too:
+    past its health check it may reach other servers (Google's, for a
+    ``*.googleusercontent.com`` host)."""
     seconds = http_timeout()
-    try:
-        client = within(
-            seconds,
-            lambda: Client(host=host, namespace=namespace),
-            lambda: ServerSilent("KFP API", origin(host), seconds),
-            urllib3_timed_out,
-        )
-    except UnicodeDecodeError:  # its healthz answer, decoded as UTF-8 by the generated client
-        raise AnswerUnreadable("KFP API", origin(host), "bytes that are not UTF-8") from None
-    api_client = client.runs.api_client
-    rest = _timed_rest_client(kfp_server_api.rest.RESTClientObject)
-    api_client.rest_client = rest(api_client.configuration, "KFP API", seconds)
-    return client
+    make = _timed_kfp_client()
+    return within(
+        seconds,
+        lambda: make(host, namespace, seconds),
+        lambda: ServerSilent("KFP API", origin(host), seconds),
+        urllib3_timed_out,
+    )
 
 
 @functools.cache

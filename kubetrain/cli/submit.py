@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -218,7 +219,7 @@ def last_logged_failure(records: list[logging.LogRecord]) -> str:
 
 
 def run_kfp(args: argparse.Namespace) -> int:
-    from kubetrain.backends.http_clients import ServerSilent, http_timeout, kfp_client
+    from kubetrain.backends.http_clients import http_timeout, kfp_client
     from kubetrain.cli.compile import package_dir
 
     package = args.package or package_dir("kubetrain.pipelines") / "compiled" / (
@@ -239,7 +240,9 @@ def run_kfp(args: argparse.Namespace) -> int:
     check_run_parameters({**defaults, **arguments})
     http_timeout()  # a bad KUBETRAIN_HTTP_TIMEOUT_SECONDS is refused here, as bad input
     try:
-        with client_logs_kept() as logged:
+        # the client prints its links (kfp/client/client.py create_experiment, run_pipeline:
+        # "Run details: URL"), server ids in them; held until the run id is checked
+        with client_logs_kept() as logged, contextlib.redirect_stdout(io.StringIO()) as links:
             client = kfp_client(args.host, args.namespace)
             result = client.create_run_from_pipeline_package(
                 str(package),
@@ -251,14 +254,25 @@ def run_kfp(args: argparse.Namespace) -> int:
                 # template/template.go setDefaultServiceAccount)
                 service_account=args.service_account or None,
             )
-    except ServerSilent as exc:
-        raise KubetrainError(f"could not create the run: {exc}") from None
+    except KubetrainError as exc:  # silent, or an answer no client can read: names the server
+        raise KubetrainError(
+            f"could not create the run: {exc}{last_logged_failure(logged)}"
+        ) from None
     except Exception as exc:  # the KFP client raises many kinds; report them as one line
         raise KubetrainError(
             f"could not create the run on {args.host}: {exc}{last_logged_failure(logged)}; "
             "check that --host names the KFP API (e.g. http://localhost:8080 through `kubectl "
             "port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`) and that its server is up"
         ) from exc
+    if not isinstance(result.run_id, str) or not result.run_id.strip():
+        # an answer with no run id (a proxy's or another service's {}) confirms no run
+        raise KubetrainError(
+            f"the KFP API at {args.host} answered the run's creation with no run id "
+            f"(run_id={result.run_id!r}); check that --host names the KFP API, not a proxy or "
+            "another service, and look for the run in its UI before submitting again"
+        )
+    for link in links.getvalue().splitlines():
+        print(terminal_text(link))
     # the run id is the server's text, the host the user's
     print(terminal_text(f"run {result.run_id} created on {args.host}"))
     print(terminal_text(str(result.run_id)))

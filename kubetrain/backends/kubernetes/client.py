@@ -18,7 +18,7 @@ import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
 from kubetrain import bounded_json
-from kubetrain.backends.http_clients import ServerSilent, kubernetes_api_client
+from kubetrain.backends.http_clients import ServerSilent, kubernetes_api_client, origin
 from kubetrain.errors import KubetrainError, reading
 from kubetrain.user_files import MIB, check_regular_file
 
@@ -159,25 +159,94 @@ class AlreadyExists(ApiError):
     """409: an object of that name exists (or changed under us)."""
 
 
-def answered_object(data: bytes | str, action: Action) -> dict[str, Any]:
+#: Verbs whose answer is the object asked about (a dict, for a custom object).
+OBJECT_VERBS = ("get", "create", "patch")
+#: JSON's names of the values ``json.loads`` gives, for messages.
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+#: The values other than an object that a JSON answer may decode to.
+JSON_VALUES = (list, str, int, float, type(None))
+
+
+def json_type(value: Any) -> str:
+    return JSON_TYPES.get(type(value), "number")
+
+
+def unreadable_answer(action: Action, reason: str, server: str = "") -> ApiError:
+    """The error for a success answer no API server sends (``reason`` says what it held), to
+    raise as one line naming the request and the server."""
+    at = f" at {server}" if server else ""
+    return ApiError(
+        f"the answer of the API server{at} to {action} is unreadable: {reason}; check that the "
+        "kubeconfig names the cluster's API server and not a proxy or another service",
+        action,
+        200,
+        {},
+    )
+
+
+def answered_object(data: bytes | str, action: Action, server: str = "") -> dict[str, Any]:
     """The JSON object a 200 answer read with ``_preload_content=False`` holds. A proxy or a
     server that is no API server may answer 200 with an HTML page (or JSON past the bounded
     reader's limits): one line naming the request, not a traceback."""
     try:
         body = bounded_json.loads(data)
     except json.JSONDecodeError as exc:
-        reason = f"its answer is not JSON ({exc.msg})"
+        raise unreadable_answer(action, f"it is not JSON ({exc.msg})", server) from None
+    if not isinstance(body, dict):
+        raise unreadable_answer(action, f"it is JSON {json_type(body)}, not an object", server)
+    return body
+
+
+def object_fault(obj: Any) -> str:
+    """What makes ``obj`` no Kubernetes object as the client gives a custom one (a dict);
+    empty when it is one. The API server sends every object with ``metadata.name``."""
+    if not isinstance(obj, dict):
+        return f"JSON {json_type(obj)}, not an object"
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        return f"an object whose metadata is JSON {json_type(metadata)}, not an object"
+    if not isinstance(metadata.get("name"), str):
+        return "an object without a metadata.name"
+    return ""
+
+
+def answer_fault(answer: Any, verb: str) -> str:
+    """What makes ``answer`` no answer to a ``verb`` request (empty when it is one): a list
+    holds ``items`` that are objects (absent or null is none: Go writes a nil slice as null),
+    and a get, create or patch answers one object. A custom object's answer is the JSON as
+    decoded; a typed list (``V1PodList``) is decoded by the client before we see it, and an
+    item that was not an object there is a model without metadata. Other answers (a typed
+    object, a response read raw, a delete's) are left to their reader."""
+    if verb not in (*OBJECT_VERBS, "list"):
+        return ""
+    if isinstance(answer, JSON_VALUES):
+        return f"it is JSON {json_type(answer)}, not an object"
+    if isinstance(answer, dict):
+        if verb in OBJECT_VERBS:
+            fault = object_fault(answer)
+            return f"it is {fault}" if fault else ""
+        items = answer.get("items")
+        if items is not None and not isinstance(items, list):
+            return f"its items are JSON {json_type(items)}, not an array"
+        faults = [object_fault(item) for item in items or []]
     else:
-        if isinstance(body, dict):
-            return body
-        reason = f"its answer is JSON {type(body).__name__}, not an object"
-    raise ApiError(
-        f"the API server's answer to {action} is unreadable: {reason}; check that the kubeconfig "
-        "names the cluster's API server and not a proxy or another service",
-        action,
-        200,
-        {},
-    )
+        items = getattr(answer, "items", None)
+        if not isinstance(items, list):
+            return ""
+        no_metadata = "no object with metadata"
+        faults = [no_metadata if getattr(item, "metadata", None) is None else "" for item in items]
+    for index, fault in enumerate(faults):
+        if fault:
+            return f"item {index} of its items is {fault}"
+    return ""
+
+
+def api_server(fn: Callable[..., Any]) -> str:
+    """The API server a generated API method (bound to an API object holding its ApiClient)
+    sends to, as ``scheme://host:port``; empty for any other callable."""
+    api_client = getattr(getattr(fn, "__self__", None), "api_client", None)
+    host = getattr(getattr(api_client, "configuration", None), "host", None)
+    return origin(host) if isinstance(host, str) and host else ""
 
 
 def _body(exc: ApiException) -> dict[str, Any]:
@@ -257,6 +326,9 @@ def call_with_retries(
     """``fn(*args, **kwargs)``, retried on 5xx/429 and dropped connections; API errors are
     raised as ``ApiError`` subclasses, an unreachable server as a KubetrainError, a server
     silent past the timeout at once as ``ServerSilent`` (kubetrain.backends.http_clients).
+    Every list, get, create and patch answer passes here, so its shape is checked here
+    (``answer_fault``): one of another shape is an ``ApiError`` naming the request and the
+    server, not a TypeError where it is used.
 
     A DELETE that answers 404 after an attempt that failed in transit is a success: the
     earlier attempt deleted the object and its answer was lost (returns None)."""
@@ -265,7 +337,7 @@ def call_with_retries(
     failed_in_transit = False
     while True:
         try:
-            return fn(*args, **kwargs)
+            answer = fn(*args, **kwargs)
         except ApiException as exc:
             if exc.status == 404 and action.verb == "delete" and failed_in_transit:
                 return None  # type: ignore[return-value]
@@ -293,6 +365,10 @@ def call_with_retries(
                 f"cannot reach the Kubernetes API to {action}: {exc}; check the cluster "
                 "address in your kubeconfig (or the pod's network) and try again"
             ) from None
+        fault = answer_fault(answer, action.verb)
+        if fault:
+            raise unreadable_answer(action, fault, api_server(fn))
+        return answer
 
 
 def check_kubeconfig_files(paths: str) -> None:

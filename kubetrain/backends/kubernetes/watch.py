@@ -28,8 +28,11 @@ from kubetrain.backends.kubernetes.client import (
     TRANSIENT_ERRORS,
     Action,
     RetryPolicy,
+    api_server,
     call_with_retries,
+    object_fault,
     translate,
+    unreadable_answer,
 )
 from kubetrain.errors import KubetrainError
 
@@ -37,6 +40,12 @@ from kubetrain.errors import KubetrainError
 WATCH_SECONDS = 300
 #: A watch that ends sooner than this (or half its timeout) without any event ended at once.
 EARLY_END_SECONDS = 1.0
+#: Events that carry an object (BOOKMARK carries only a resourceVersion, ERROR a Status).
+OBJECT_EVENTS = ("ADDED", "MODIFIED", "DELETED")
+#: What the client raises decoding an event that is not a watch event of objects (a line
+#: that is not JSON, JSON other than {"type", "object"}, a typed object without metadata):
+#: kubernetes.watch.Watch.unmarshal_event decodes each line before we see it.
+UNDECODABLE_EVENT = (ValueError, TypeError, KeyError, AttributeError)
 
 
 @dataclass(frozen=True)
@@ -201,7 +210,7 @@ class ListWatcher(threading.Thread):
             **self.selectors,
         )
         events = 0
-        for event in stream:
+        while (event := self._next_event(stream)) is not None:
             events += 1
             if self._stopped.is_set():
                 watch.stop()
@@ -209,9 +218,25 @@ class ListWatcher(threading.Thread):
             version = resource_version(event.get("raw_object") or {})
             if version:
                 self.resource_version = version
-            if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+            if event["type"] in OBJECT_EVENTS:
                 self.events.put(Change(self.source, event["type"], event["object"]))
         return events
+
+    def _next_event(self, stream: Iterator[dict[str, Any]]) -> dict[str, Any] | None:
+        """The stream's next event (None at its end), when it is one of a watch of objects:
+        one the client cannot decode, or whose object is no object with metadata.name, is an
+        ``ApiError`` naming the watch and the server."""
+        try:
+            event = next(stream, None)
+        except UNDECODABLE_EVENT as exc:
+            reason = f"an event the client cannot decode ({type(exc).__name__}: {exc})"
+            raise unreadable_answer(self.action, reason, api_server(self.list_fn)) from None
+        if event is not None and event["type"] in OBJECT_EVENTS:
+            fault = object_fault(event["raw_object"])
+            if fault:
+                reason = f"its {event['type']} event's object is {fault}"
+                raise unreadable_answer(self.action, reason, api_server(self.list_fn))
+        return event
 
     def _capturing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` that remembers the response it returns, so stop() can unblock its read; it

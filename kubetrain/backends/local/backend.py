@@ -241,13 +241,22 @@ class LocalBackend:
     def delete(self, name: str) -> None:
         """Stop every process of the job and remove its folder; with ``KEEP_FILES_ENV`` set
         (`kubetrain run`'s steps), the folder stays for the logs of the failed run whose exit
-        handler deletes the job."""
+        handler deletes the job. Of two deletes at once, the one that removes the folder
+        deleted the job; the other finds none (``JobNotFound``), as `kubectl delete` does when
+        another delete removed the object between its read and its DELETE."""
         job_dir = self.job_dir(name)
         if not (job_dir / "job.json").is_file():
             self.existing_job_dir(name)  # no job: JobNotFound, and nothing is removed
-        self.stop(name, DELETE_GRACE_SECONDS)
-        if not os.environ.get(KEEP_FILES_ENV):
-            shutil.rmtree(job_dir)
+        try:
+            self.stop(name, DELETE_GRACE_SECONDS)
+            if not os.environ.get(KEEP_FILES_ENV):
+                _remove_folder(job_dir)
+        except FileNotFoundError:
+            if os.path.lexists(job_dir):
+                raise
+            raise JobNotFound(
+                f"no local job named {name!r} under {self.root}: another delete removed it"
+            ) from None
 
     def stop(self, name: str, grace_seconds: float) -> None:
         """Stop every process of the job: SIGTERM to the supervisor (which stops the nodes and
@@ -279,6 +288,8 @@ SUPERVISOR_FILE = "supervisor.json"
 SUPERVISOR_MODULE = "kubetrain.backends.local.supervisor"
 #: How long a just-launched job may lack its supervisor record before it counts as lost.
 START_SECONDS = 30.0
+#: Removals of a job's folder while a concurrent delete removes its entries under ours.
+REMOVE_TRIES = 100
 
 
 def _supervisor_record(job_dir: Path) -> dict[str, Any]:
@@ -322,6 +333,20 @@ def _job_id(job_dir: Path) -> str:
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         job_id = _supervisor_record(job_dir).get("job_id")
     return job_id if isinstance(job_id, str) else ""
+
+
+def _remove_folder(folder: Path) -> None:
+    """``shutil.rmtree``, going on past entries a concurrent delete removed meanwhile; a
+    FileNotFoundError once ``folder`` itself is gone (that delete removed it). Each retry
+    follows a removal by the other delete, so the tries end; they are bounded all the same."""
+    for _ in range(REMOVE_TRIES):
+        try:
+            shutil.rmtree(folder)
+            return
+        except FileNotFoundError:
+            if not os.path.lexists(folder):
+                raise
+    shutil.rmtree(folder)
 
 
 def _record_end(job_dir: Path, status: JobStatus, reason: str, message: str) -> None:

@@ -39,7 +39,7 @@ FIX_VERBS = frozenset(
     evaluate export fix follow free give grant include install keep launch lower look make move
     name pass pick point prepare put raise re-collect re-create re-export re-run read rebuild
     recompile refresh remove rename replace restore retry return run save see set ship start
-    train try upgrade use wait write""".split()
+    stop train try upgrade use wait write""".split()
 )
 #: Programs whose command, written out, is the fix (``pip install 'kubetrain[s3]'``).
 COMMANDS = frozenset({"argo", "kubectl", "kubetrain", "pip"})

@@ -255,7 +255,8 @@ class LocalBackend:
             if os.path.lexists(job_dir):
                 raise
             raise JobNotFound(
-                f"no local job named {name!r} under {self.root}: another delete removed it"
+                f"no local job named {name!r} under {self.root}: another delete removed it; "
+                "pass --ignore-not-found to take a job already gone as deleted"
             ) from None
 
     def stop(self, name: str, grace_seconds: float) -> None:

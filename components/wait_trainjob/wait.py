@@ -71,6 +71,15 @@ class StallLimit:
 def stall_timeout(text: str | float | None, field: str = "stall_timeout") -> float | None:
     """``--stall-timeout`` as every face gives it: "auto" (or None: derived, see
     :class:`StallLimit`), or seconds (0: never)."""
+    fix = (
+        f"use auto ({DEFAULT_STALL_TIMEOUT_SECONDS:g} s, or {HEARTBEATS_MISSED} times the "
+        "heartbeat our trainer states), 0 (never) or seconds"
+    )
+    return _auto_or_seconds(text, field, "auto or a finite 0 or more", fix)
+
+
+def _auto_or_seconds(text: str | float | None, field: str, expected: str, fix: str) -> float | None:
+    """None for "auto" (or None), else ``text`` as a finite number of seconds, 0 or more."""
     if text is None or text == AUTO:
         return None
     try:
@@ -78,12 +87,7 @@ def stall_timeout(text: str | float | None, field: str = "stall_timeout") -> flo
     except ValueError:
         seconds = math.nan
     if not 0 <= seconds < math.inf:  # NaN too
-        raise InvalidInput(
-            field,
-            f"{text!r} is not auto or a finite 0 or more",
-            f"use auto ({DEFAULT_STALL_TIMEOUT_SECONDS:g} s, or {HEARTBEATS_MISSED} times the "
-            "heartbeat our trainer states), 0 (never) or seconds",
-        )
+        raise InvalidInput(field, f"{text!r} is not {expected}", fix)
     return seconds
 
 
@@ -166,21 +170,14 @@ def last_log_lines(
 def unschedulable_grace(text: str | float | None) -> float | None:
     """``--unschedulable-grace-seconds`` as every face gives it: "auto" (or None: 300 s, no
     limit for a gang runtime), "" or 0 (no limit), or seconds."""
-    if text is None or text == AUTO:
-        return None
     if text == "":
         return 0.0
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds < math.inf:  # NaN too
-        raise InvalidInput(
-            "unschedulable_grace_seconds",
-            f"{text!r} is not auto, empty or a finite 0 or more",
-            "use auto (300 s; no limit for a gang runtime), 0 or empty (no limit), or seconds",
-        )
-    return seconds
+    return _auto_or_seconds(
+        text,
+        "unschedulable_grace_seconds",
+        "auto, empty or a finite 0 or more",
+        "use auto (300 s; no limit for a gang runtime), 0 or empty (no limit), or seconds",
+    )
 
 
 def delete_run_job(

@@ -327,6 +327,7 @@ def launch(
             )
         else:
             check_local_program(request.training.data_dir, plan.checkpoint_dir)
+        backend_impl.check_launch(plan.spec)  # before the lock makes the jobs' root
         with one_local_launch_at_a_time(backend_impl.root):
             check_checkpoint_folder_free(plan.checkpoint_dir, backend_impl.root)
             if storage.is_local(plan.checkpoint_dir):

@@ -191,8 +191,8 @@ def test_a_promoted_registry_version_is_never_a_collect_output(trained_checkpoin
     registry = tmp_path / "registry"
     promote_model(str(tmp_path / "model"), str(registry), "v1")
     before = {p: p.read_bytes() for p in sorted(registry.rglob("*")) if p.is_file()}
-    with pytest.raises(InvalidInput, match=r"is a version of the model registry .* never replaced"):
+    with pytest.raises(InvalidInput, match=r"is the version v1 of the model registry .* changed"):
         collect_checkpoint(str(trained_checkpoints["ddp"]), str(registry / "v1"))
-    with pytest.raises(InvalidInput, match=r"is a version of the model registry"):
+    with pytest.raises(InvalidInput, match=r"is the version v2 of the model registry"):
         collect_checkpoint(str(trained_checkpoints["ddp"]), str(registry / "v2"))  # a new one too
     assert {p: p.read_bytes() for p in sorted(registry.rglob("*")) if p.is_file()} == before

@@ -95,7 +95,9 @@ class LocalBackend:
     def default_checkpoint_dir(self, name: str) -> str:
         return str(self.job_dir(name) / "checkpoints")
 
-    def launch(self, spec: TrainJobSpec) -> str:
+    def check_launch(self, spec: TrainJobSpec) -> None:
+        """Refuse a job this machine cannot run (too many processes, a program not on PATH)
+        before anything is made: launch calls it before it locks and makes the jobs' root."""
         spec.validate()
         processes, limit = spec.num_nodes * spec.procs_per_node, max_local_processes()
         if processes > limit:
@@ -112,6 +114,9 @@ class LocalBackend:
                 f"{spec.command[0]!r} is not found on PATH",
                 "give an installed program or a path to one",
             )
+
+    def launch(self, spec: TrainJobSpec) -> str:
+        self.check_launch(spec)
         job_dir = self.job_dir(spec.name)
         self.root.mkdir(parents=True, exist_ok=True)
         try:

@@ -116,3 +116,24 @@ def test_answers_a_client_can_read_pass(content_type: str, body: bytes) -> None:
 
 def test_an_error_status_is_left_to_the_client() -> None:
     check_answer("Kubernetes API", "http://h/api", 502, "text/html", b"<html>bad gateway</html>")
+
+
+def test_a_crd_answered_as_a_json_array_names_the_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JSON, but no object: launch's CRD read names the request and the server."""
+    handler = type("Handler", (Answering,), {"content_type": "application/json", "body": b"[1, 2]"})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url)))
+        args = ["launch", "--backend", "trainer", "--name", "arrayed", "--", "python", "-c", "1"]
+        code, _, err = kubetrain_in_process(args, capsys)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert code == 1
+    line = one_line(err)
+    assert f"the API server at {url} to get customresourcedefinitions" in line, line
+    assert "is JSON array, not an object" in line, line

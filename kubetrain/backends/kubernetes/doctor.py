@@ -76,6 +76,7 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
         NotFound,
         PermissionDenied,
         answered_object,
+        api_server,
     )
     from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
     from kubetrain.backends.kubernetes.launch import (
@@ -89,7 +90,8 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
         response = objects.call(
             action, api.read_custom_resource_definition, PYTORCHJOB_CRD, _preload_content=False
         )
-        crd = answered_object(response.data, action)
+        server = api_server(api.read_custom_resource_definition)
+        crd = answered_object(response.data, action, server)
     except NotFound:
         return Check("operator", False, str(TrainingOperatorNotInstalled()))
     except PermissionDenied:

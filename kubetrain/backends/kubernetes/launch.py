@@ -19,6 +19,7 @@ from kubetrain.backends.kubernetes.client import (
     NotFound,
     PermissionDenied,
     answered_object,
+    api_server,
 )
 from kubetrain.backends.kubernetes.kinds import (
     PYTORCHJOB,
@@ -141,7 +142,8 @@ def trainer_version(
         response = objects.call(
             action, api.read_custom_resource_definition, TRAINJOB_CRD, _preload_content=False
         )
-        crd = answered_object(response.data, action)
+        server = api_server(api.read_custom_resource_definition)
+        crd = answered_object(response.data, action, server)
     except NotFound:
         raise TrainerNotInstalled() from None
     except PermissionDenied as denied:

@@ -57,6 +57,12 @@ class IntegrityError(KubetrainError):
     """Stored data (a dataset or a checkpoint) is missing, incomplete or corrupt."""
 
 
+def problem_of(exc: KubetrainError) -> str:
+    """The problem an error line states, without its fix (the text before the first "; "):
+    for restating it as bad input of a field, with that field's own fix."""
+    return str(exc).partition("; ")[0]
+
+
 def refusal_reason(exc: BaseException) -> str:
     """One short line of why a load failed: for ``torch.load(weights_only=True)`` the line that
     names what it refused (its message is otherwise a page of advice, including to turn the

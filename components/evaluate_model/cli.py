@@ -13,7 +13,7 @@ from kubetrain.components._shared.step_outputs import (
     check_output_parameters,
     write_output_parameters,
 )
-from kubetrain.errors import IntegrityError, InvalidInput, terminal_text
+from kubetrain.errors import IntegrityError, InvalidInput, problem_of, terminal_text
 
 #: What ``--output-parameters DIR`` holds once the step is done, one file each.
 OUTPUT_NAMES = ("accuracy", "loss", "passed")
@@ -227,13 +227,12 @@ def program_inputs_checked(model: str, data: str) -> dict:
     try:
         card = read_model_card(model)
     except IntegrityError as exc:
-        problem = str(exc).partition("; ")[0]
-        raise InvalidInput("--model", problem, "give a folder `kubetrain collect` wrote") from None
+        fix = "give a folder `kubetrain collect` wrote"
+        raise InvalidInput("--model", problem_of(exc), fix) from None
     if data:
         try:
             read_manifest(data)
         except IntegrityError as exc:
-            problem = str(exc).partition("; ")[0]
             fix = "give a folder `kubetrain prep` wrote, or leave --data out"
-            raise InvalidInput("--data", problem, fix) from None
+            raise InvalidInput("--data", problem_of(exc), fix) from None
     return card

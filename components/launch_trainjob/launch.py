@@ -33,6 +33,7 @@ from kubetrain.errors import (
     IntegrityError,
     InvalidInput,
     KubetrainError,
+    problem_of,
     refusal_reason,
     terminal_text,
 )
@@ -485,9 +486,8 @@ def check_local_trainer(data_dir: str, checkpoint_dir: str, model: str) -> None:
         try:
             read_manifest(data_dir)
         except IntegrityError as exc:
-            problem = str(exc).partition("; ")[0]
             fix = "point --data at a folder written by `kubetrain prep`"
-            raise InvalidInput("data", problem, fix) from None
+            raise InvalidInput("data", problem_of(exc), fix) from None
     if storage.is_local(checkpoint_dir):
         _check_checkpoint_folder(storage.local_path(checkpoint_dir, "checkpoint_dir"))
 

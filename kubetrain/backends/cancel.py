@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,19 +32,26 @@ CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 @contextlib.contextmanager
 def signals_cancel() -> Iterator[CancelRequest]:
     """While inside, SIGTERM or SIGINT only records a request (the wait then cleans up and
-    exits 128+N: 143 or 130); the previous handlers are restored after. Signals reach the main
-    thread only, so elsewhere this installs nothing."""
+    exits 128+N: 143 or 130)."""
     request = CancelRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
 
     def record(signum: int, _frame: Any) -> None:
         request.signum = signum
 
-    previous = {signum: signal.signal(signum, record) for signum in CANCEL_SIGNALS}
-    try:
+    with handling_cancel_signals(record):
         yield request
+
+
+@contextlib.contextmanager
+def handling_cancel_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT go to ``handler``; the previous handlers are restored
+    after. Signals reach the main thread only, so elsewhere this installs nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in CANCEL_SIGNALS}
+    try:
+        yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, old in previous.items():
+            signal.signal(signum, old)

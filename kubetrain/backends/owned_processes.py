@@ -31,7 +31,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from kubetrain.backends.cancel import handling_cancel_signals
 from kubetrain.errors import terminal_text
 
 #: The identity of a local job, in the environment of every process of it.
@@ -140,24 +140,16 @@ def run(
 @contextlib.contextmanager
 def _forwarded_to(program: subprocess.Popen) -> Iterator[list[int]]:
     """While inside, SIGTERM and SIGINT to this process are sent on to ``program`` (and
-    recorded); the previous handlers are restored after. Signals reach the main thread only,
-    so elsewhere this installs nothing."""
+    recorded), as a wait records them (kubetrain.backends.cancel)."""
     received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
         with contextlib.suppress(ProcessLookupError):
             program.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
-    try:
+    with handling_cancel_signals(forward):
         yield received
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def descendants(spare: Callable[[psutil.Process], bool] | None = None) -> list[psutil.Process]:

@@ -172,6 +172,8 @@ class Volume:
 
 
 #: ``procs_per_node`` that follows the GPUs: every face's default.
+#: Programs that start ranks themselves: under ``--launcher mpi`` the launcher runs mpirun.
+MPI_LAUNCHER_PROGRAMS = ("mpirun", "mpiexec", "orterun", "prterun", "torchrun", "deepspeed")
 AUTO_PROCS = "auto"
 _PROCS_FIX = "give auto (one process per GPU, else 1) or a whole number from 1, e.g. 2"
 
@@ -209,6 +211,9 @@ def procs_gpu_mismatch(procs_per_node: int, gpu: int) -> str:
 #: The runtime every face defaults to: ours for CPU (`kubetrain render runtimes` installs it),
 #: not the Trainer's `torch-distributed`, which the README's install does not create.
 DEFAULT_RUNTIME = "torch-ddp-cpu"
+#: The runtime ``--launcher mpi`` takes when the default one is asked for: ours, an MPI policy
+#: with a launcher job and sshd nodes (runtimes/kubetrain-deepspeed-mpi.yaml).
+MPI_RUNTIME = "kubetrain-deepspeed-mpi"
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,10 @@ class TrainJobSpec:
     #: cluster) or the launching process's (locally). A user's script that saves into its
     #: working directory then saves where collect reads.
     working_dir: str = ""
+    #: ``torchrun``: ``command`` runs once per node with the PET_* env. ``mpi``: ``command`` is
+    #: one rank's program, which mpirun starts ``procs_per_node`` times on every node from a
+    #: hostfile (Kubeflow Trainer's MPI policy; ``rules.LAUNCHERS``).
+    launcher: str = "torchrun"
 
     def validate(self) -> TrainJobSpec:
         rules.dns1035_label(self.name, "name")
@@ -272,6 +281,13 @@ class TrainJobSpec:
             )
         _refuse_nul(self.command, "command")
         _refuse_nul(self.args, "command")
+        rules.one_of(self.launcher, "launcher", rules.LAUNCHERS, rules.LAUNCHER_FIX)
+        if self.launcher == "mpi" and Path(self.command[0]).name in MPI_LAUNCHER_PROGRAMS:
+            raise InvalidInput(
+                "command",
+                f"starts with {self.command[0]}, and --launcher mpi runs mpirun itself",
+                "give one rank's program, e.g. python train.py",
+            )
         rules.image_reference(self.image, "image")
         rules.whole_number(self.num_nodes, "nodes", 1)
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)
@@ -404,6 +420,7 @@ class TrainJobSpec:
             model_initializer=_optional(Initializer, data.get("model_initializer")),
             working_dir=data.get("working_dir", ""),
             script=data.get("script", ""),
+            launcher=data.get("launcher", "torchrun"),
         )
 
 

@@ -23,7 +23,15 @@ from kubetrain.errors import InvalidInput
 
 #: What a training run may choose, importable without torch: the CLI (`kubetrain --help`),
 #: launch and the pipeline-parameter checks refuse a bad choice before anything starts.
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
+STRATEGY_FIX = "use ddp, fsdp or deepspeed"
+#: DeepSpeed's ZeRO stages (``zero_optimization.stage``) our trainer runs; 0 is plain DDP.
+ZERO_STAGES = (1, 2, 3)
+DEFAULT_ZERO_STAGE = 2
+#: What starts a job's processes on each node: torchrun (the PET_* env), or mpirun from a
+#: launcher, as Kubeflow Trainer's MPI policy (the ``deepspeed-distributed`` runtime) runs it.
+LAUNCHERS = ("torchrun", "mpi")
+LAUNCHER_FIX = "use torchrun (the default) or mpi"
 BUILTIN_MODELS = ("mlp", "cnn")
 MODEL_FIX = "use mlp, cnn or package.module:callable"
 

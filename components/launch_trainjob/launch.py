@@ -41,6 +41,7 @@ from kubetrain.images import TRAINER_IMAGE
 from kubetrain.jobspec import (
     AUTO_PROCS,
     DEFAULT_RUNTIME,
+    MPI_RUNTIME,
     Initializer,
     Resources,
     RuntimeRef,
@@ -51,8 +52,15 @@ from kubetrain.jobspec import (
     resolve_procs_per_node,
 )
 from kubetrain.names import derive_job_name, label_value, random_job_name
-from kubetrain.rules import BUILTIN_MODELS, MODEL_FIX, STRATEGIES
-from kubetrain.train.options import TRAINER_COMMAND
+from kubetrain.rules import (
+    BUILTIN_MODELS,
+    DEFAULT_ZERO_STAGE,
+    MODEL_FIX,
+    STRATEGIES,
+    STRATEGY_FIX,
+    ZERO_STAGES,
+)
+from kubetrain.train.options import MPI_TRAINER_COMMAND, TRAINER_COMMAND
 
 RUN_NAME_LABEL = "kubetrain.io/run-name"
 #: Where every node finds the prepared dataset and where rank 0 should save (a user's program
@@ -77,6 +85,10 @@ class TrainingOptions:
     lr: float = 1e-3
     checkpoint_every: int = 1
     keep_checkpoints: int = 3
+    #: DeepSpeed only: the ZeRO stage, and a user's DeepSpeed config (a file here, a path in
+    #: the nodes, or its JSON text) whose settings win over ours.
+    zero_stage: int = DEFAULT_ZERO_STAGE
+    deepspeed_config: str = ""
 
     def validate(self) -> None:
         """The rules `submit` applies to the same parameters (``param_option.VALUE_RULES``)."""
@@ -84,7 +96,8 @@ class TrainingOptions:
             raise InvalidInput(
                 "data", "is empty", "give the dataset folder written by the prep step"
             )
-        rules.one_of(self.strategy, "strategy", STRATEGIES, "use ddp or fsdp")
+        rules.one_of(self.strategy, "strategy", STRATEGIES, STRATEGY_FIX)
+        rules.one_of(self.zero_stage, "zero_stage", ZERO_STAGES, "use 1, 2 or 3")
         # Checked here, not first in every node of a job that was already created.
         rules.model_spec(self.model, "model")
         self.validate_locations()
@@ -131,7 +144,14 @@ class TrainingOptions:
             str(self.keep_checkpoints),
             "--resume",
             "auto",
+            *self.deepspeed_args(),
         )
+
+    def deepspeed_args(self) -> tuple[str, ...]:
+        if self.strategy != "deepspeed":
+            return ()
+        config = ("--deepspeed-config", self.deepspeed_config) if self.deepspeed_config else ()
+        return ("--zero-stage", str(self.zero_stage), *config)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,8 @@ class LaunchRequest:
     dataset_initializer: Initializer | None = None
     model_initializer: Initializer | None = None
     script: str = ""
+    #: torchrun, or mpi: mpirun started from a launcher (``TrainJobSpec.launcher``).
+    launcher: str = "torchrun"
 
     @property
     def runs_our_trainer(self) -> bool:
@@ -215,6 +237,13 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     training = request.training
     request.resources.validate("resources_per_node")  # auto reads its GPUs
     procs_per_node = resolve_procs_per_node(request.procs_per_node, request.resources.gpu)
+    if request.launcher == "mpi" and request.procs_per_node == AUTO_PROCS:
+        if not request.resources.gpu:
+            raise InvalidInput(
+                "procs_per_node",
+                "is auto with --launcher mpi and no GPU: the hostfile needs the slots per node",
+                "give the processes per node, e.g. --procs-per-node 2",
+            )
     if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
         print(f"kubetrain: warning: {terminal_text(mismatch)}", file=sys.stderr)
     if request.runs_our_trainer:
@@ -241,7 +270,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         checkpoint_dir = backend_impl.default_checkpoint_dir(name)
     checkpoint_dir = _location_for_nodes(checkpoint_dir, "checkpoint_dir", backend)
     if request.runs_our_trainer:
-        command = TRAINER_COMMAND
+        command = MPI_TRAINER_COMMAND if request.launcher == "mpi" else TRAINER_COMMAND
         args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
     # A user's program runs in its checkpoint folder, so one that saves into its working
     # directory saves where collect reads (an object-storage URL is no folder to run in).
@@ -263,7 +292,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         num_nodes=request.nodes,
         procs_per_node=procs_per_node,
         resources_per_node=request.resources,
-        runtime=RuntimeRef(name=request.runtime, kind=request.runtime_kind),
+        runtime=RuntimeRef(name=_runtime_for(request), kind=request.runtime_kind),
         volumes=tuple(volumes),
         labels={**request.labels, **labels},
         pod_labels={**request.pod_labels, **labels},
@@ -278,8 +307,16 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         model_initializer=request.model_initializer,
         script=request.script,
         working_dir=working_dir,
+        launcher=request.launcher,
     ).validate()
     return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to)
+
+
+def _runtime_for(request: LaunchRequest) -> str:
+    """The runtime asked for; the default one means the launcher's own default."""
+    if request.launcher == "mpi" and request.runtime == DEFAULT_RUNTIME:
+        return MPI_RUNTIME
+    return request.runtime
 
 
 def _location_for_nodes(location: str, field: str, backend: str) -> str:

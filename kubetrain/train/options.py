@@ -15,6 +15,9 @@ PROG = "kubetrain.train"
 #: What runs our trainer on a node; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
 #: PET_MASTER_ADDR/PET_MASTER_PORT from the environment the Trainer injects.
 TRAINER_COMMAND = ("torchrun", "-m", PROG)
+#: One rank of our trainer under ``--launcher mpi``: mpirun starts it once per slot and it
+#: reads its rank from OpenMPI's OMPI_COMM_WORLD_* env.
+MPI_TRAINER_COMMAND = ("python", "-m", PROG)
 #: The event files' default folder under the checkpoint folder.
 TENSORBOARD_FOLDER = "tensorboard"
 

@@ -1,11 +1,15 @@
 # kubetrain: `make run` runs the whole pipeline on this machine, `make test` runs the tests.
-# Both set up .venv first: torch pinned to the CPU build torch==2.13.0 first, then '.[dev]'
-# (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib).
+# Both set up .venv first: torch pinned to the CPU build torch==2.13.0 first, then DeepSpeed
+# built against it (an sdist: --no-build-isolation, else its build pulls a CUDA torch), then
+# '.[dev]' (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib, and
+# '.[deepspeed]'). DeepSpeed's CPU shared-memory op is built once here (g++ and ninja, ~30 s),
+# into torch's extension cache, not in the first test that starts DeepSpeed.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+DEEPSPEED ?= deepspeed>=0.19,<0.20
 STAMP := $(VENV)/.kubetrain-installed
 
 .PHONY: setup run test lint format compile clean e2e-cluster bench
@@ -14,8 +18,11 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check '$(TORCH)'
+	$(BIN)/pip install --quiet --disable-pip-version-check '$(TORCH)' ninja
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation '$(DEEPSPEED)'
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -c 'from deepspeed.accelerator import get_accelerator as a; \
+		b = a().create_op_builder("ShareMemCommBuilder"); b and b.load(verbose=False)'
 	touch $(STAMP)
 
 run: setup

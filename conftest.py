@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent
+# DeepSpeed's JIT-built ops (its CPU shm op) go where `make setup` built them, whatever HOME a
+# test gives the processes it starts; else each new HOME builds them again (~30 s).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 # Counts the reliability tests and prints the figures the README quotes (`figures` fixture).
 pytest_plugins = ("tests.support.reliability_figures",)
 

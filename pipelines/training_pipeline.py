@@ -15,6 +15,7 @@ from kubetrain.components.promote_model.component import promote_model, promotio
 from kubetrain.components.wait_trainjob.component import delete_trainjob, wait_trainjob
 from kubetrain.jobspec import DEFAULT_RUNTIME
 from kubetrain.render.pod import NON_ROOT_UID, STORAGE_ENV_KEYS
+from kubetrain.rules import DEFAULT_ZERO_STAGE
 
 PIPELINE_NAME = "kubetrain-training"
 #: Where the launch, collect and promote steps (and the TrainJob's nodes) mount the shared PVC.
@@ -45,8 +46,8 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
     @dsl.pipeline(
         name=PIPELINE_NAME,
         description=(
-            "Prepare a dataset, train it with a distributed DDP/FSDP TrainJob, collect the rank-0 "
-            "checkpoint, evaluate it against an accuracy threshold and promote it to the model "
+            "Prepare a dataset, train it with a distributed DDP/FSDP/DeepSpeed TrainJob, collect "
+            "the checkpoint, evaluate it against an accuracy threshold and promote it to the model "
             "registry when it passes."
         ),
     )
@@ -59,6 +60,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         nodes: int = 2,
         procs_per_node: str = "auto",
         strategy: str = "ddp",
+        zero_stage: int = DEFAULT_ZERO_STAGE,
+        deepspeed_config: str = "",
+        launcher: str = "torchrun",
         model: str = "mlp",
         epochs: int = 10,
         keep_checkpoints: int = 3,
@@ -92,6 +96,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         # (package.module:callable) collect and evaluate rebuild your model with; collect checks
         # the checkpoint loads into it, and `state_key` names the model's state dict in a
         # checkpoint of nested state (e.g. app.model) where several may be the model.
+        # `strategy` deepspeed trains with ZeRO stage `zero_stage`, or with `deepspeed_config`
+        # (its JSON text, or a path in the launch step's pod); `launcher` mpi starts the
+        # processes with mpirun (backends trainer and local), `command` then being one rank's.
         # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
         # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
         # The exit task deletes a failed or stopped run's job and keeps a Complete one; the job
@@ -125,6 +132,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
                 nodes=nodes,
                 procs_per_node=procs_per_node,
                 strategy=strategy,
+                zero_stage=zero_stage,
+                deepspeed_config=deepspeed_config,
+                launcher=launcher,
                 model=model,
                 epochs=epochs,
                 keep_checkpoints=keep_checkpoints,

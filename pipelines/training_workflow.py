@@ -46,6 +46,7 @@ from kubetrain.components.wait_trainjob.template import (
 from kubetrain.images import COMPONENT_IMAGE
 from kubetrain.jobspec import DEFAULT_RUNTIME
 from kubetrain.render.pod import NON_ROOT_UID
+from kubetrain.rules import DEFAULT_ZERO_STAGE
 
 WORKFLOW_NAME = "kubetrain-training"
 ENTRYPOINT = "train-and-evaluate"
@@ -88,8 +89,23 @@ PARAMETERS: dict[str, tuple[str, str]] = {
         "(Indexed Job) or local",
     ),
     "nodes": ("2", "training nodes (pods)"),
-    "procs_per_node": ("auto", "torchrun processes per node; auto = one per GPU with gpu, else 1"),
-    "strategy": ("ddp", "ddp or fsdp"),
+    "procs_per_node": (
+        "auto",
+        "processes per node; auto = one per GPU with gpu, else 1 (launcher mpi without gpu "
+        "needs a number)",
+    ),
+    "launcher": (
+        "torchrun",
+        "what starts the processes: torchrun on every node, or mpi (mpirun from a launcher, "
+        "as Kubeflow Trainer's MPI runtime; backends trainer and local)",
+    ),
+    "strategy": ("ddp", "ddp, fsdp or deepspeed"),
+    "zero_stage": (str(DEFAULT_ZERO_STAGE), "strategy deepspeed: the ZeRO stage, 1, 2 or 3"),
+    "deepspeed_config": (
+        "",
+        "strategy deepspeed: your DeepSpeed config, its JSON text or a path in the launch "
+        "step's pod (on the claim); its settings win; empty = ours",
+    ),
     "model": ("mlp", "mlp, cnn or package.module:callable"),
     "epochs": ("10", "training epochs"),
     "keep_checkpoints": ("3", "epoch checkpoints our trainer keeps (the newest); 0 keeps all"),
@@ -276,7 +292,10 @@ def add_tasks(
                         "backend",
                         "nodes",
                         "procs_per_node",
+                        "launcher",
                         "strategy",
+                        "zero_stage",
+                        "deepspeed_config",
                         "model",
                         "epochs",
                         "keep_checkpoints",

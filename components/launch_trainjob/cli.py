@@ -19,6 +19,7 @@ from kubetrain.components._shared.step_outputs import (
 )
 from kubetrain.errors import terminal_text
 from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME
+from kubetrain.rules import DEFAULT_ZERO_STAGE
 
 #: The files ``--output-parameters`` receives (the Argo template's output parameters).
 OUTPUT_PARAMETERS = ("job_name", "checkpoint_dir")
@@ -46,8 +47,19 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--procs-per-node",
         default=AUTO_PROCS,
         metavar="N|auto",
-        help="processes torchrun starts on each node (PET_NPROC_PER_NODE); default auto: one "
-        "per GPU with --gpu, else 1",
+        help="processes started on each node (torchrun's PET_NPROC_PER_NODE, mpirun's slots); "
+        "default auto: one per GPU with --gpu, else 1 (--launcher mpi without --gpu needs a "
+        "number)",
+    )
+    job.add_argument(
+        "--launcher",
+        default="torchrun",
+        metavar="torchrun|mpi",
+        help="what starts the processes: torchrun on every node (default), or mpi: mpirun, "
+        "from a launcher, starts --procs-per-node ranks of the program on every node from a "
+        "hostfile, as Kubeflow Trainer's MPI runtime does (backends trainer and local; the "
+        "default --runtime becomes kubetrain-deepspeed-mpi); a command is then one rank's "
+        "program, e.g. `-- python train.py`",
     )
     job.add_argument(
         "--image",
@@ -191,7 +203,26 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="where rank 0 writes checkpoints, a path or an s3:// (fsspec) URL, relative as "
         "--data; default: the backend's job folder",
     )
-    training.add_argument("--strategy", default="ddp", help="ddp or fsdp (FSDP2); default ddp")
+    training.add_argument(
+        "--strategy", default="ddp", help="ddp, fsdp (FSDP2) or deepspeed; default ddp"
+    )
+    training.add_argument(
+        "--zero-stage",
+        type=int,
+        default=DEFAULT_ZERO_STAGE,
+        metavar="1|2|3",
+        help="with --strategy deepspeed: the ZeRO stage, what the ranks shard (1: optimizer "
+        "state, 2: and gradients, 3: and parameters); default 2",
+    )
+    training.add_argument(
+        "--deepspeed-config",
+        default="",
+        metavar="FILE|JSON",
+        help="with --strategy deepspeed: your DeepSpeed config, a JSON file or its JSON text; "
+        "its settings win, ours (--zero-stage, --batch-size, --lr...) fill what it leaves out. "
+        "A file here reaches the nodes as its text; in a pipeline step, a path in the step's "
+        "pod",
+    )
     training.add_argument("--model", default="mlp", help="mlp, cnn or package.module:callable")
     training.add_argument("--epochs", type=int, default=10, help="training epochs; default 10")
     training.add_argument(
@@ -228,7 +259,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "After '--', runs any command once per node with the PET_* environment Kubeflow "
             "Trainer injects, e.g. "
             "`kubetrain launch --nodes 2 --procs-per-node 2 -- torchrun train.py`; locally with "
-            "your PATH first, so `torchrun` is your activated venv's."
+            "your PATH first, so `torchrun` is your activated venv's. With --launcher mpi, "
+            "mpirun starts the command once per process instead, e.g. "
+            "`kubetrain launch --launcher mpi --procs-per-node 2 -- python train.py`."
         ),
     )
     add_backend_arguments(parser, creates=True)
@@ -274,6 +307,8 @@ def request_from_args(args: argparse.Namespace):
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
             keep_checkpoints=args.keep_checkpoints,
+            zero_stage=args.zero_stage,
+            deepspeed_config=args.deepspeed_config,
         ),
         command=program_from_args(args),
         name=args.name,
@@ -302,6 +337,7 @@ def request_from_args(args: argparse.Namespace):
         dataset_initializer=initializer(args.dataset_uri, args.dataset_secret),
         model_initializer=initializer(args.model_uri, args.model_secret),
         script=args.script,
+        launcher=args.launcher,
     )
 
 

@@ -51,8 +51,12 @@ def launch_trainjob(
     dataset_secret: str = "",
     model_uri: str = "",
     model_secret: str = "",
+    zero_stage: int = 2,
+    deepspeed_config: str = "",
+    launcher: str = "torchrun",
 ) -> NamedTuple("LaunchOutputs", [("job_name", str), ("checkpoint_dir", str)]):  # noqa: UP014
-    """Start a distributed DDP/FSDP training job on the dataset and return its name at once.
+    """Start a distributed DDP/FSDP/DeepSpeed training job on the dataset and return its name
+    at once.
 
     The job name is ``job_name`` if given, else derived from ``run_name`` (pass the pipeline
     run's name so a retried step finds its own job). ``namespace`` empty: this step's own
@@ -82,6 +86,12 @@ def launch_trainjob(
     ``max_restarts``: after a node fails, every node starts again up to this many times and
     training resumes from the newest checkpoint (on a cluster the runtime's JobSet
     ``failurePolicy.maxRestarts`` must allow it).
+
+    ``strategy`` ``deepspeed`` trains with ZeRO stage ``zero_stage`` (1, 2 or 3), or with
+    ``deepspeed_config``: a DeepSpeed JSON config as text, or a path this step can read,
+    whose settings win over ours. ``launcher`` ``mpi`` starts the processes with mpirun from
+    a launcher (Kubeflow Trainer's MPI policy; backends trainer and local), ``command`` then
+    being one rank's program; ``torchrun`` (the default) runs on every node.
     """
     from collections import namedtuple
 
@@ -111,6 +121,8 @@ def launch_trainjob(
             lr=lr,
             checkpoint_every=checkpoint_every,
             keep_checkpoints=keep_checkpoints,
+            zero_stage=zero_stage,
+            deepspeed_config=deepspeed_config,
         ),
         command=tuple(text_list(command, "command")),
         name=job_name,
@@ -137,6 +149,7 @@ def launch_trainjob(
         dataset_initializer=initializer(dataset_uri, dataset_secret),
         model_initializer=initializer(model_uri, model_secret),
         script=script,
+        launcher=launcher,
     )
     options = BackendOptions(namespace=namespace, trainer_version=trainer_version)
     result = launch(request, backend=backend, options=options)

@@ -16,6 +16,7 @@ from kubetrain.components._shared.argo_steps import (
 )
 from kubetrain.images import COMPONENT_IMAGE
 from kubetrain.jobspec import DEFAULT_RUNTIME
+from kubetrain.rules import DEFAULT_ZERO_STAGE
 
 #: The label `argo logs` selects a workflow's pods by; on the TrainJob's pods it makes
 #: `argo logs WORKFLOW -c node` show the training logs.
@@ -27,12 +28,13 @@ def launch_trainjob_template(
     volume: SharedVolume = SHARED_VOLUME,
     image: str = COMPONENT_IMAGE,
 ) -> Container:
-    """`kubetrain launch` of our DDP/FSDP trainer, or of the program ``command`` names; the job
-    name derives from ``run_name`` (the workflow's name), so a retried launch adopts the job it
-    already created. The nodes mount claim ``shared_pvc`` at the volume's path, where the
-    dataset and checkpoints are. Every option of `kubetrain launch` is a parameter (lists and
-    mappings as JSON), so the template and the CLI cannot drift. The workflow owns the job
-    (``WORKFLOW_OWNER_ENV``): deleting the workflow deletes its training."""
+    """`kubetrain launch` of our DDP/FSDP/DeepSpeed trainer, or of the program ``command``
+    names; the job name derives from ``run_name`` (the workflow's name), so a retried launch
+    adopts the job it already created. The nodes mount claim ``shared_pvc`` at the volume's
+    path, where the dataset and checkpoints are. Every option of `kubetrain launch` is a
+    parameter (lists and mappings as JSON), so the template and the CLI cannot drift. The
+    workflow owns the job (``WORKFLOW_OWNER_ENV``): deleting the workflow deletes its
+    training."""
     mount = volume.mount_path
     parameters = [
         input_parameter("run_name", "the workflow run; the job name derives from it"),
@@ -43,9 +45,16 @@ def launch_trainjob_template(
                         "Job) or local", "trainer"),
         input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
         input_parameter("nodes", "training nodes (pods)", "2"),
-        input_parameter("procs_per_node", "torchrun processes per node; auto = one per GPU "
-                        "with gpu, else 1", "auto"),
-        input_parameter("strategy", "ddp or fsdp", "ddp"),
+        input_parameter("procs_per_node", "processes per node; auto = one per GPU with gpu, "
+                        "else 1 (launcher mpi without gpu needs a number)", "auto"),
+        input_parameter("launcher", "what starts the processes: torchrun on every node, or "
+                        "mpi (mpirun from a launcher; backends trainer and local)", "torchrun"),
+        input_parameter("strategy", "ddp, fsdp or deepspeed", "ddp"),
+        input_parameter("zero_stage", "strategy deepspeed: the ZeRO stage, 1, 2 or 3",
+                        str(DEFAULT_ZERO_STAGE)),
+        input_parameter("deepspeed_config", "strategy deepspeed: your DeepSpeed config, its "
+                        "JSON text or a path in this step's pod; its settings win; empty = "
+                        "ours", ""),
         input_parameter("model", "mlp, cnn or package.module:callable", "mlp"),
         input_parameter("epochs", "training epochs", "10"),
         input_parameter("batch_size", "batch size per process", "32"),
@@ -109,6 +118,8 @@ def launch_trainjob_template(
             inputs("nodes"),
             "--procs-per-node",
             inputs("procs_per_node"),
+            "--launcher",
+            inputs("launcher"),
             "--image",
             inputs("image"),
             "--runtime",
@@ -135,6 +146,10 @@ def launch_trainjob_template(
             inputs("checkpoint_dir"),
             "--strategy",
             inputs("strategy"),
+            "--zero-stage",
+            inputs("zero_stage"),
+            "--deepspeed-config",
+            inputs("deepspeed_config"),
             "--model",
             inputs("model"),
             "--epochs",

@@ -5,14 +5,15 @@ a server is contacted or a step runs, with the step's own rule (``kubetrain.rule
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import NamedTuple, TypeVar
 
 from kubetrain import rules
 from kubetrain.backends.base import BACKENDS
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import DEFAULT_RUNTIME, resolve_procs_per_node
-from kubetrain.rules import STRATEGIES
+from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME, resolve_procs_per_node
+from kubetrain.render import MPI_BACKENDS
+from kubetrain.rules import LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 T = TypeVar("T")
 
@@ -146,6 +147,13 @@ VALUE_RULES: dict[str, Rule] = {
     "lr": _parsed(float, "a number", rules.positive_number, "0.001"),
     "model": _text(rules.model_spec, "mlp"),
     "strategy": _one_of(*STRATEGIES),
+    "zero_stage": _parsed(
+        int,
+        "a whole number",
+        lambda value, field: rules.one_of(value, field, ZERO_STAGES, "use 1, 2 or 3"),
+        "2",
+    ),
+    "launcher": _one_of(*LAUNCHERS),
     "backend": _one_of(*BACKENDS),
     "image": _text(rules.image_reference, "ghcr.io/org/trainer:1.0", optional=True),
     "runtime": _object_name(DEFAULT_RUNTIME),
@@ -179,3 +187,27 @@ def check_value(name: str, value: object, field: str) -> None:
     rule = VALUE_RULES.get(name)
     if rule is not None:
         rule.check(str(value).lower() if isinstance(value, bool) else str(value), field)
+
+
+def check_launcher(values: Mapping[str, object], option: Callable[[str], str]) -> None:
+    """Refuse ``launcher`` mpi where launch would, before a step runs: on a backend that cannot
+    run it (``render.refuse_mpi_launcher``), or with ``procs_per_node`` auto and no GPU
+    (mpirun's hostfile needs the slots per node; ``launch.plan_launch``). ``values`` holds the
+    run's parameters (text or numbers); ``option(name)`` is how the face names a parameter."""
+    if values.get("launcher") != "mpi":
+        return
+    backend = values.get("backend", "trainer")  # the launch step's default
+    if backend not in MPI_BACKENDS:
+        raise InvalidInput(
+            option("launcher"),
+            f"mpi is not run by backend {rules.shown(backend)}",
+            f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
+        )
+    if str(values.get("procs_per_node", AUTO_PROCS)) == AUTO_PROCS and not int(
+        str(values.get("gpu") or 0)
+    ):
+        raise InvalidInput(
+            option("procs_per_node"),
+            "is auto with launcher mpi and no GPU: the hostfile needs the slots per node",
+            "give the processes per node, e.g. 2",
+        )

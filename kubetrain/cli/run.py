@@ -20,7 +20,7 @@ from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError, terminal_text
 from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
-from kubetrain.rules import BUILTIN_MODELS, STRATEGIES
+from kubetrain.rules import BUILTIN_MODELS, DEFAULT_ZERO_STAGE, LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,10 +49,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nodes ask for none, so 1",
     )
     parser.add_argument(
+        "--launcher",
+        default="torchrun",
+        choices=LAUNCHERS,
+        help="what starts the processes: torchrun on every node (default), or mpi: mpirun "
+        "starts --procs-per-node ranks on every node from a hostfile, as Kubeflow Trainer's "
+        "MPI runtime does (backends local and trainer; give --procs-per-node a number); your "
+        "program after -- is then one rank's, e.g. `-- python train.py`",
+    )
+    parser.add_argument(
         "--strategy",
         default="ddp",
         choices=STRATEGIES,
-        help="data-parallel strategy; default ddp",
+        help="data-parallel strategy: ddp, fsdp (FSDP2) or deepspeed (ZeRO); default ddp",
+    )
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        default=DEFAULT_ZERO_STAGE,
+        choices=ZERO_STAGES,
+        metavar="1|2|3",
+        help="with --strategy deepspeed: the ZeRO stage, what the ranks shard (1: optimizer "
+        "state, 2: and gradients, 3: and parameters); default 2",
+    )
+    parser.add_argument(
+        "--deepspeed-config",
+        default="",
+        metavar="FILE|JSON",
+        help="with --strategy deepspeed: your DeepSpeed config, a JSON file or its JSON text; "
+        "its settings win, ours (--zero-stage, --batch-size, --lr...) fill what it leaves out",
     )
     parser.add_argument(
         "--model",
@@ -202,7 +227,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
     """Refuse what a step would refuse before the pipeline starts: found by a step, a bad value
     fails the run only after the steps before it have written their outputs."""
     from kubetrain import storage
-    from kubetrain.cli.param_option import check_value
+    from kubetrain.cli.param_option import check_launcher, check_value
     from kubetrain.components.dataset_prep.prep import check_source
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.components.launch_trainjob.launch import check_model_imports
@@ -210,6 +235,14 @@ def validate_arguments(args: argparse.Namespace) -> None:
     for parameter, dest, option in CHECKED:
         check_value(parameter, getattr(args, dest), option)
     resolve_procs_per_node(args.procs_per_node, 0, "--procs-per-node")
+    launch_values = {
+        "launcher": args.launcher,
+        "backend": args.backend,
+        "procs_per_node": args.procs_per_node,
+        "gpu": 0,  # `kubetrain run`'s nodes ask for none
+    }
+    check_launcher(launch_values, lambda name: "--" + name.replace("_", "-"))
+    deepspeed_config_for_steps(args.deepspeed_config)
     validate_threshold(args.threshold)
     check_source(args.dataset, "--dataset")
     check_program_model(program(args), args.model, "--model")
@@ -241,6 +274,15 @@ def validate_arguments(args: argparse.Namespace) -> None:
     if args.namespace:
         check_value("namespace", args.namespace, "--namespace")
     check_locations(args)
+
+
+def deepspeed_config_for_steps(config: str) -> str:
+    """``--deepspeed-config`` as the launch step gets it, the config's JSON text (a file's read
+    here: the steps need not run in this folder); a missing file or no config is refused now,
+    not by the launch step after prep."""
+    from kubetrain.train.deepspeed_config import config_for_nodes
+
+    return config_for_nodes(config, "--deepspeed-config")
 
 
 def check_locations(args: argparse.Namespace) -> None:
@@ -367,6 +409,9 @@ def run(args: argparse.Namespace) -> int:
                 nodes=args.nodes,
                 procs_per_node=args.procs_per_node,
                 strategy=args.strategy,
+                zero_stage=args.zero_stage,
+                deepspeed_config=deepspeed_config_for_steps(args.deepspeed_config),
+                launcher=args.launcher,
                 model=args.model,
                 epochs=args.epochs,
                 keep_checkpoints=args.keep_checkpoints,

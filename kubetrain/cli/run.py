@@ -243,6 +243,8 @@ def validate_arguments(args: argparse.Namespace) -> None:
     }
     check_launcher(launch_values, lambda name: "--" + name.replace("_", "-"))
     deepspeed_config_for_steps(args.deepspeed_config)
+    if args.strategy == "deepspeed":
+        check_deepspeed(args)
     validate_threshold(args.threshold)
     check_source(args.dataset, "--dataset")
     check_program_model(program(args), args.model, "--model")
@@ -283,6 +285,25 @@ def deepspeed_config_for_steps(config: str) -> str:
     from kubetrain.train.deepspeed_config import config_for_nodes
 
     return config_for_nodes(config, "--deepspeed-config")
+
+
+def check_deepspeed(args: argparse.Namespace) -> None:
+    """What launch checks of a DeepSpeed job (``TrainingOptions.validate_deepspeed``), for the
+    one this run makes: the config's batch sizes on nodes x processes, and the checkpoints,
+    which go under ``--storage`` when it is given."""
+    from kubetrain.artifacts.checkpoint_manifest import refuse_object_storage_for_deepspeed
+    from kubetrain.components.launch_trainjob.launch import TrainingOptions
+
+    if args.storage:
+        refuse_object_storage_for_deepspeed(args.storage, "--storage")
+    options = TrainingOptions(
+        strategy=args.strategy,
+        zero_stage=args.zero_stage,
+        deepspeed_config=args.deepspeed_config,
+        batch_size=args.batch_size,
+    )
+    world_size = args.nodes * resolve_procs_per_node(args.procs_per_node, 0)
+    options.validate_deepspeed(world_size)
 
 
 def check_locations(args: argparse.Namespace) -> None:

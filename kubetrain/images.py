@@ -13,3 +13,7 @@ COMPONENT_IMAGE = os.environ.get(
 TRAINER_IMAGE = os.environ.get(
     "KUBETRAIN_TRAINER_IMAGE", "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
 )
+#: Image of the `kubetrain-deepspeed-mpi` runtime's pods (the trainer image plus sshd, OpenMPI,
+#: deepspeed, mpi4py). Named by the runtime, not by a TrainJob: Trainer v2.3 gives a TrainJob's
+#: image to the MPI launcher only, and the node pods must run the same one.
+DEEPSPEED_IMAGE = "ghcr.io/kubetrain/kubetrain-deepspeed:0.1.0"

@@ -27,6 +27,8 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_cluster_training_runtime impor
     TrainerV1alpha1ClusterTrainingRuntime,
 )
 
+from kubetrain.images import DEEPSPEED_IMAGE
+from kubetrain.jobspec import MPI_RUNTIME
 from kubetrain.render.manifests import (
     KFP_SERVICE_ACCOUNTS,
     RUNTIME_NAMES,
@@ -37,11 +39,13 @@ from kubetrain.render.manifests import (
 
 IMAGES = REPO_ROOT / "images"
 GPU_RUNTIMES = ("torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
+TORCH_RUNTIMES = tuple(name for name in RUNTIME_NAMES if name != MPI_RUNTIME)
 K8S_VERSION = "1.30"
 OUR_TRAINER_IMAGE = "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
 MANIFESTS = "kubetrain.render.manifests"
 RUNTIMES = REPO_ROOT / "runtimes"
 ISTIO_OPT_OUT = {"sidecar.istio.io/inject": "false"}
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
 def load_runtime(name: str) -> dict:
@@ -62,14 +66,33 @@ def render(*args: str) -> list[dict]:
     return [document for document in yaml.safe_load_all(result.stdout) if document]
 
 
+def replicated_jobs(runtime: dict) -> list[dict]:
+    return runtime["spec"]["template"]["spec"]["replicatedJobs"]
+
+
 def node_job(runtime: dict) -> dict:
-    (job,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    (job,) = replicated_jobs(runtime)
     return job
 
 
-def node_container(runtime: dict) -> dict:
-    (container,) = node_job(runtime)["template"]["spec"]["template"]["spec"]["containers"]
+def job_container(job: dict) -> dict:
+    (container,) = job["template"]["spec"]["template"]["spec"]["containers"]
     return container
+
+
+def node_container(runtime: dict) -> dict:
+    return job_container(node_job(runtime))
+
+
+def trainer_container(runtime: dict) -> dict:
+    """The container the TrainJob's trainer goes to: the `node` container of the replicated job
+    labelled as the trainer's (the launcher of an MPI runtime)."""
+    (job,) = [
+        job
+        for job in replicated_jobs(runtime)
+        if job["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR) == "trainer"
+    ]
+    return job_container(job)
 
 
 @pytest.mark.parametrize("name", RUNTIME_NAMES)
@@ -85,15 +108,20 @@ def test_runtime_is_valid_against_the_v2_3_crd(name):
 
 @pytest.mark.parametrize("name", RUNTIME_NAMES)
 def test_runtime_pod_template_is_a_valid_job_template(name):
-    job = node_job(load_runtime(name))["template"]
-    kubernetes_validate.validate(
-        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, **job},
-        K8S_VERSION,
-        strict=True,
-    )
+    for job in replicated_jobs(load_runtime(name)):
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name},
+                **job["template"],
+            },
+            K8S_VERSION,
+            strict=True,
+        )
 
 
-@pytest.mark.parametrize("name", RUNTIME_NAMES)
+@pytest.mark.parametrize("name", TORCH_RUNTIMES)
 def test_runtime_runs_our_trainer_under_torchrun_on_the_shared_volume(name):
     runtime = load_runtime(name)
     assert runtime["kind"] == "ClusterTrainingRuntime"
@@ -126,8 +154,9 @@ def test_runtime_pods_opt_out_of_istio_as_kfp_run_pods_do(name):
     """In a Kubeflow profile's namespace (Istio injection on) a sidecar breaks torchrun's
     rendezvous and keeps a finished pod Running (kubeflow/trainer#2794, #2872); KFP opts its run
     pods out (kubeflow/pipelines 2.17.0 backend/src/apiserver/template/v2_template.go ~170)."""
-    pod_template = node_job(load_runtime(name))["template"]["spec"]["template"]
-    assert pod_template["metadata"]["annotations"] == ISTIO_OPT_OUT
+    for job in replicated_jobs(load_runtime(name)):
+        pod_template = job["template"]["spec"]["template"]
+        assert pod_template["metadata"]["annotations"] == ISTIO_OPT_OUT, job["name"]
 
 
 def test_fsdp_and_gang_variants():
@@ -138,6 +167,95 @@ def test_fsdp_and_gang_variants():
     assert node_job(gang)["template"]["spec"]["template"]["spec"]["schedulerName"] == "volcano"
     for name in ("torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu"):
         assert "podGroupPolicy" not in load_runtime(name)["spec"]
+
+
+# --- the MPI runtime -----------------------------------------------------------------------
+
+#: What our DeepSpeed image's sshd and ssh are set up for (images/deepspeed.Dockerfile).
+SSH_PORT = 2222
+SSH_HOME = "/home/kubetrain"
+
+
+def mpi_jobs() -> dict[str, dict]:
+    return {job["name"]: job for job in replicated_jobs(load_runtime(MPI_RUNTIME))}
+
+
+def pod_spec(job: dict) -> dict:
+    return job["template"]["spec"]["template"]["spec"]
+
+
+def test_mpi_runtime_has_the_shape_of_trainer_deepspeed_distributed():
+    """As kubeflow/trainer v2.3.0 manifests/base/runtimes/deepspeed_distributed.yaml: an MPI
+    policy (OpenMPI, sshAuthMountPath, runLauncherAsNode), a `node` job running sshd and a
+    `launcher` job, labelled as the trainer's, that waits for the nodes to be Ready; the JobSet
+    succeeds with the launcher and publishes the nodes' names before they are Ready."""
+    runtime = load_runtime(MPI_RUNTIME)
+    assert runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] == "deepspeed"
+    policy = runtime["spec"]["mlPolicy"]
+    assert "torch" not in policy
+    assert policy["mpi"] == {
+        "numProcPerNode": 1,
+        "mpiImplementation": "OpenMPI",
+        "sshAuthMountPath": f"{SSH_HOME}/.ssh",
+        "runLauncherAsNode": True,
+    }
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["network"] == {"publishNotReadyAddresses": True}
+    assert jobset["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["launcher"]}
+    # JobSet lets a job depend only on one listed before it (jobset v0.12.0
+    # pkg/webhooks/jobset_webhook.go ValidateCreate), so the nodes come first.
+    assert [job["name"] for job in replicated_jobs(runtime)] == ["node", "launcher"]
+    jobs = mpi_jobs()
+    assert "dependsOn" not in jobs["node"]
+    assert jobs["launcher"]["dependsOn"] == [{"name": "node", "status": "Ready"}]
+    # The Trainer puts the TrainJob's command in the trainer's job; its MPI plugin mounts the
+    # hostfile and sets OMPI_MCA_* in that job's container named `node`
+    # (pkg/runtime/framework/plugins/mpi/mpi.go EnforceMLPolicy).
+    assert jobs["launcher"]["template"]["metadata"]["labels"] == {ANCESTOR: "trainer"}
+    assert ANCESTOR not in jobs["node"]["template"].get("metadata", {}).get("labels", {})
+    for job in jobs.values():
+        container = job_container(job)
+        assert container["name"] == "node"
+        assert container["image"] == DEEPSPEED_IMAGE
+        assert job["template"]["spec"]["backoffLimit"] == 0
+        pod = pod_spec(job)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        # The ssh-auth Secret's private key is root's, mode 0640: readable through fsGroup.
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts == {"/mnt/shared": "shared", "/dev/shm": "dshm"}
+    launcher = job_container(jobs["launcher"])
+    assert "command" not in launcher  # the TrainJob's mpirun
+    node = job_container(jobs["node"])
+    assert node["command"] == ["/usr/sbin/sshd"]
+    assert node["args"] == ["-De", "-f", f"{SSH_HOME}/.sshd_config"]
+    assert node["readinessProbe"]["tcpSocket"] == {"port": SSH_PORT}
+
+
+def test_the_deepspeed_image_runs_the_sshd_the_mpi_runtime_expects():
+    """The runtime and the image agree: sshd's config where the node's command reads it, its
+    port the readiness probe's, its host key the Trainer's private key file in
+    sshAuthMountPath (trainer v2.3.0 pkg/constants/constants.go MPISSHPrivateKeyFile "id_rsa"),
+    the runtime's uid the image's user, whose home holds ~/.ssh."""
+    steps = instructions("deepspeed.Dockerfile")
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    mount = load_runtime(MPI_RUNTIME)["spec"]["mlPolicy"]["mpi"]["sshAuthMountPath"]
+    for line in (f"Port {SSH_PORT}", f"HostKey {mount}/id_rsa", "StrictModes no", "UsePAM no"):
+        assert f"'{line}'" in runs
+    assert f"> {SSH_HOME}/.sshd_config" in runs
+    assert '"SetEnv PATH=$PATH"' in runs  # prted and python in every ssh session
+    assert "'    Port 2222'" in runs and "'    StrictHostKeyChecking no'" in runs
+    assert "rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*" in runs  # no baked host keys
+    assert "usermod --shell /bin/bash kubetrain" in runs
+    assert "openmpi==" in runs and "mpi4py==" in runs
+    assert "--no-build-isolation deepspeed==" in runs
+    uid = int([args for op, args in steps if op == "USER"][-1].split(":")[0])
+    for job in mpi_jobs().values():
+        assert pod_spec(job)["securityContext"]["runAsUser"] == uid
+    assert [args for op, args in steps if op == "FROM"] == [OUR_TRAINER_IMAGE]
+    readme = (IMAGES / "README.md").read_text()
+    assert DEEPSPEED_IMAGE in readme and "deepspeed.Dockerfile" in readme
 
 
 # --- RBAC ---------------------------------------------------------------------------------
@@ -425,7 +543,7 @@ def test_every_runtime_names_a_device_the_kubeflow_sdk_knows():
     the whole cluster: torch-ddp-cpu's limits held memory only. GPU counts are quoted, or the
     SDK reports "1.0" GPUs. (tests/test_kubeflow_sdk.py runs the SDK itself.)"""
     for name in RUNTIME_NAMES:
-        limits = node_container(load_runtime(name))["resources"]["limits"]
+        limits = trainer_container(load_runtime(name))["resources"]["limits"]
         device = "nvidia.com/gpu" if name in GPU_RUNTIMES else "cpu"
         assert limits[device] == "1", name
 
@@ -457,7 +575,9 @@ def instructions(dockerfile: str) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("dockerfile", ["trainer.Dockerfile", "components.Dockerfile"])
+@pytest.mark.parametrize(
+    "dockerfile", ["trainer.Dockerfile", "components.Dockerfile", "deepspeed.Dockerfile"]
+)
 def test_dockerfile_pins_its_base_and_runs_as_a_numeric_non_root_user(dockerfile):
     steps = instructions(dockerfile)
     bases = [args.split()[0] for op, args in steps if op == "FROM"]

@@ -11,15 +11,33 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from kubetrain import rules
+from kubetrain.errors import InvalidInput
+
 _HOMES = {
     "render_indexed_job": "kubetrain.render.indexed_job",
     "render_pytorchjob": "kubetrain.render.pytorchjob",
     "render_script_configmap": "kubetrain.render.script",
     "render_trainjob": "kubetrain.render.trainjob",
 }
-__all__ = [*_HOMES, "render_job"]
+__all__ = [*_HOMES, "render_job", "refuse_mpi_launcher"]
 #: The backends whose objects are rendered (the local backend runs processes instead).
 RENDERED_BACKENDS = ("trainer", "job", "pytorchjob")
+#: The backends that run ``launcher`` mpi: Kubeflow Trainer's MPI policy (our
+#: ``kubetrain-deepspeed-mpi`` runtime) and mpirun on this machine. A PyTorchJob and an Indexed
+#: Job have no launcher, hostfile or ssh keys to run mpirun with.
+MPI_BACKENDS = ("trainer", "local")
+
+
+def refuse_mpi_launcher(spec: Any, backend: str) -> None:
+    """``spec`` (a TrainJobSpec, or a launch request: anything with a ``launcher``) with
+    ``launcher`` mpi on a backend that cannot run it, refused in one line."""
+    if spec.launcher == "mpi" and backend not in MPI_BACKENDS:
+        raise InvalidInput(
+            "launcher",
+            f"mpi is not run by backend {rules.shown(backend)}",
+            f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
+        )
 
 
 def render_job(
@@ -40,6 +58,7 @@ def render_job(
     from kubetrain.render.script import render_script_configmap
     from kubetrain.render.trainjob import render_trainjob
 
+    refuse_mpi_launcher(spec, backend)
     rendered = []
     if spec.script:
         rendered.append(render_script_configmap(spec, namespace, owner=owner))

@@ -10,6 +10,14 @@ metadata included (trainer v2.3.0 ``pkg/runtime/core/trainingruntime.go``
 ``mergeRuntimePatches``, a strategic merge of the JobSet spec; v2.1.0
 ``mergePodTemplateOverrides``, labels and annotations), so the node pods of any runtime,
 a user's own too, carry our annotation.
+
+Under ``launcher`` mpi the TrainJob is for an MPI runtime (ours: ``kubetrain-deepspeed-mpi``):
+its trainer command is mpirun started in the ``launcher`` pod (``mpirun_command``), and the pod
+settings go to the ``launcher`` and the ``node`` jobs alike, since both run ranks
+(runLauncherAsNode) and read the same volumes. The trainer's ``resourcesPerNode`` and ``env``
+need nothing more: the Trainer gives them to both jobs itself (trainer v2.3.0
+``pkg/runtime/core/trainingruntime.go`` newRuntimeInfo ``isMPILauncherAsNode``,
+``pkg/runtime/framework/plugins/jobset/builder.go`` Trainer).
 """
 
 from __future__ import annotations
@@ -69,7 +77,9 @@ from kubeflow_trainer_api.models.trainer_v1alpha1_training_runtime_spec_patch im
 
 from kubetrain import rules
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import Initializer, TrainJobSpec
+from kubetrain.images import TRAINER_IMAGE
+from kubetrain.jobspec import NODE_JOB, Initializer, TrainJobSpec
+from kubetrain.names import JOB_NAME_ENV
 from kubetrain.render import pod
 from kubetrain.render.metadata import (
     object_labels,
@@ -78,7 +88,12 @@ from kubetrain.render.metadata import (
     spec_annotations,
     validate_namespace,
 )
-from kubetrain.render.script import node_program, script_sha256
+from kubetrain.render.script import (
+    IN_FOLDER,
+    command_with_mounted_script,
+    node_program,
+    script_sha256,
+)
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -96,6 +111,20 @@ POD_TEMPLATE_OVERRIDE_VERSIONS = ("2.1",)
 #: ``pkg/runtime/framework/plugins/jobset/builder.go`` Trainer: ``WithResources``; v2.3.0
 #: merges them with ``MergeResourceRequirements``, a strategic merge of the two maps).
 REPLACING_RESOURCES_VERSIONS = ("2.1", "2.2")
+#: The MPI runtime's job that runs mpirun, and where its hostfile is mounted (trainer v2.3.0
+#: ``pkg/constants/constants.go`` Launcher, MPIHostfileDir + MPIHostfileName).
+LAUNCHER_JOB = "launcher"
+MPI_HOSTFILE = "/etc/mpi/hostfile"
+#: The OpenMPI env the Trainer's MPI plugin sets in the launcher, which its webhook refuses in
+#: a TrainJob's env (trainer v2.3.0 ``pkg/constants/constants.go`` ~306 MPIReservedEnvNames,
+#: checked by ``pkg/runtime/framework/plugins/mpi/mpi.go`` Validate ~96: "must not have
+#: reserved envs"). Other OMPI_MCA_* (e.g. btl_tcp_if_include) are the user's to tune.
+MPI_RESERVED_ENV_NAMES = (
+    "OMPI_MCA_orte_default_hostfile",
+    "OMPI_MCA_plm_rsh_args",
+    "OMPI_MCA_orte_keep_fqdn_hostnames",
+    "OMPI_MCA_orte_set_default_slots",
+)
 
 
 def render_trainjob(
@@ -113,9 +142,14 @@ def render_trainjob(
     into them (``--cpu`` on a GPU runtime keeps its GPU)."""
     spec = spec.validate()
     validate_namespace(namespace)
-    rules.jobset_pod_names(spec.name, spec.replicated_jobs(), "name")
+    mpi = spec.launcher == "mpi"
+    if mpi:
+        _refuse_mpi_reserved_env(spec)
+    launcher = [(LAUNCHER_JOB, 1, 1)] if mpi else []
+    rules.jobset_pod_names(spec.name, [*spec.replicated_jobs(), *launcher], "name")
     legacy = _check_version(trainer_version, spec)
     pod_patch = _pod_template_patch(spec)
+    patched_jobs = [NODE_JOB, LAUNCHER_JOB] if mpi else [NODE_JOB]
     metadata = object_metadata(
         spec.name,
         namespace,
@@ -135,15 +169,67 @@ def render_trainjob(
             initializer=_initializer(spec),
             suspend=True if spec.suspend else None,
             active_deadline_seconds=spec.active_deadline_seconds,
-            runtime_patches=None if legacy else [_runtime_patch(pod_patch)],
+            runtime_patches=None if legacy else [_runtime_patch(pod_patch, patched_jobs)],
         ),
     )
     rendered = job.to_dict()
     if legacy:
         rendered["spec"]["podTemplateOverrides"] = [
-            {"targetJobs": [{"name": pod.NODE}], **pod_patch.to_dict()}
+            {"targetJobs": [{"name": name} for name in patched_jobs], **pod_patch.to_dict()}
         ]
     return rendered
+
+
+def _refuse_mpi_reserved_env(spec: TrainJobSpec) -> None:
+    """The OpenMPI env the MPI plugin owns, refused as its webhook refuses it: all of them,
+    sorted, in one line."""
+    reserved = sorted(name for name in spec.env if name in MPI_RESERVED_ENV_NAMES)
+    if reserved:
+        raise InvalidInput(
+            "env",
+            f"{', '.join(reserved)} {'is' if len(reserved) == 1 else 'are'} set by the "
+            "Trainer's MPI policy itself",
+            "drop it: the hostfile, its slots and ssh's options come from the runtime and "
+            "--nodes/--procs-per-node",
+        )
+
+
+def mpirun_command(spec: TrainJobSpec) -> list[str]:
+    """mpirun as the launcher runs it, before one rank's program.
+
+    ``-np`` is every slot of the hostfile the MPI plugin writes: numNodes pods (the launcher
+    is one of them under runLauncherAsNode, and ``max(numNodes-1, 1)`` node pods the rest:
+    trainer v2.3.0 ``pkg/runtime/framework/plugins/mpi/mpi.go`` EnforceMLPolicy,
+    buildHostFileConfigMap ``%s slots=%d``) of numProcPerNode ranks; with one node the spare
+    node pod gets none. Ranks are unbound and placed slot by slot, as the MPI operator's
+    examples run them (kubeflow/mpi-operator v0.8.0 ``examples/v2beta1/tensorflow-benchmarks/
+    tensorflow-benchmarks.yaml``: ``-bind-to none -map-by slot ... -x PATH``): OpenMPI
+    otherwise binds each rank of a small job to one core, where all its torch threads run.
+    ``-x`` forwards env to the ranks of the other pods, which mpirun starts over ssh, in a
+    session with none of the container's env: PATH, unbuffered output, the job's name, the
+    user's env and the storage Secret's keys (by name: their values never enter the TrainJob).
+    ``--wdir``: where a user's program runs."""
+    forwarded = ["PATH", "PYTHONUNBUFFERED=1"]
+    if JOB_NAME_ENV not in spec.env:
+        forwarded.append(f"{JOB_NAME_ENV}={spec.name}")
+    forwarded += [*spec.env, *(entry["name"] for entry in pod.storage_secret_env(spec))]
+    ranks = str(spec.num_nodes * spec.procs_per_node)
+    command = ["mpirun", "--hostfile", MPI_HOSTFILE, "-np", ranks, "--bind-to", "none"]
+    command += ["--map-by", "slot", *(part for name in forwarded for part in ("-x", name))]
+    return command + (["--wdir", spec.working_dir] if spec.working_dir else [])
+
+
+def trainer_program(spec: TrainJobSpec) -> tuple[list[str], list[str]]:
+    """``(command, args)`` of the TrainJob's trainer. Under ``launcher`` mpi: mpirun, then one
+    rank's program; a ``working_dir`` is made and locked by the launcher's program around
+    mpirun (``script.IN_FOLDER``), whose lock mpirun then holds for the job's life."""
+    if spec.launcher != "mpi":
+        return node_program(spec)
+    command, args = command_with_mounted_script(spec)
+    launcher = [*mpirun_command(spec), *command]
+    if not spec.working_dir:
+        return launcher, args
+    return list(IN_FOLDER), [spec.working_dir, *launcher, *args]
 
 
 def _check_version(trainer_version: str, spec: TrainJobSpec) -> bool:
@@ -169,12 +255,12 @@ def _check_version(trainer_version: str, spec: TrainJobSpec) -> bool:
 def _trainer(
     spec: TrainJobSpec, trainer_version: str, runtime_resources: dict[str, Any]
 ) -> TrainerV1alpha1Trainer:
-    command, args = node_program(spec)
+    command, args = trainer_program(spec)
     resources = pod.resource_requirements(spec.resources_per_node)
     if resources and trainer_version in REPLACING_RESOURCES_VERSIONS:
         resources = merged_resources(runtime_resources, resources)
     return TrainerV1alpha1Trainer(
-        image=spec.image,
+        image=_trainer_image(spec),
         command=command,
         # Always a list, empty too: the JobSet builder keeps the runtime's args when the
         # TrainJob's are nil (trainer v2.3.0 pkg/runtime/framework/plugins/jobset/builder.go
@@ -192,6 +278,17 @@ def _trainer(
         if resources
         else None,
     )
+
+
+def _trainer_image(spec: TrainJobSpec) -> str | None:
+    """The spec's image; none under ``launcher`` mpi when it is only the default (torchrun's)
+    image: the Trainer gives a TrainJob's image to the launcher alone (trainer v2.3.0
+    ``pkg/runtime/framework/plugins/jobset/builder.go`` Trainer: the trainer-ancestor job), and
+    the node pods, which run ranks too, keep the runtime's; without one both run the runtime's
+    (``images.DEEPSPEED_IMAGE`` in ours)."""
+    if spec.launcher == "mpi" and spec.image == TRAINER_IMAGE:
+        return None
+    return spec.image
 
 
 def merged_resources(base: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +321,8 @@ def _initializer(spec: TrainJobSpec) -> TrainerV1alpha1Initializer | None:
 
 
 def _pod_template_patch(spec: TrainJobSpec) -> TrainerV1alpha1PodTemplatePatch:
-    """The pod settings the TrainJob's own fields cannot carry, for the ``node`` pods.
+    """The pod settings the TrainJob's own fields cannot carry, for the ``node`` pods (and an
+    MPI runtime's ``launcher`` pod, which runs ranks too).
 
     Never empty: the pods always get our labels, so the backend finds them (and rank 0) by
     ``kubetrain.io/job-name`` on either backend, and no Istio sidecar (``pod.pod_annotations``).
@@ -252,8 +350,10 @@ def _pod_template_patch(spec: TrainJobSpec) -> TrainerV1alpha1PodTemplatePatch:
     )
 
 
-def _runtime_patch(pod_patch: TrainerV1alpha1PodTemplatePatch) -> TrainerV1alpha1RuntimePatch:
-    """Our entry in runtimePatches: ``pod_patch`` applied to the runtime's ``node`` job."""
+def _runtime_patch(
+    pod_patch: TrainerV1alpha1PodTemplatePatch, jobs: list[str]
+) -> TrainerV1alpha1RuntimePatch:
+    """Our entry in runtimePatches: ``pod_patch`` applied to each of the runtime's ``jobs``."""
     return TrainerV1alpha1RuntimePatch(
         manager=PATCH_MANAGER,
         training_runtime_spec=TrainerV1alpha1TrainingRuntimeSpecPatch(
@@ -261,11 +361,12 @@ def _runtime_patch(pod_patch: TrainerV1alpha1PodTemplatePatch) -> TrainerV1alpha
                 spec=TrainerV1alpha1JobSetSpecPatch(
                     replicated_jobs=[
                         TrainerV1alpha1ReplicatedJobPatch(
-                            name=pod.NODE,
+                            name=name,
                             template=TrainerV1alpha1JobTemplatePatch(
                                 spec=TrainerV1alpha1JobSpecPatch(template=pod_patch)
                             ),
                         )
+                        for name in jobs
                     ]
                 )
             )

@@ -218,9 +218,12 @@ def test_list_runtimes_reads_every_runtime_we_ship(client: TrainerClient) -> Non
     assert set(RUNTIME_NAMES) <= set(listed)
     for name in RUNTIME_NAMES:
         trainer = listed[name].trainer
-        assert (trainer.framework, trainer.image, trainer.num_nodes) == (
-            "torch", "ghcr.io/kubetrain/kubetrain-trainer:0.1.0", 1
-        ), name  # fmt: skip
+        expected = (
+            ("deepspeed", "ghcr.io/kubetrain/kubetrain-deepspeed:0.1.0")
+            if name == "kubetrain-deepspeed-mpi"
+            else ("torch", "ghcr.io/kubetrain/kubetrain-trainer:0.1.0")
+        )
+        assert (trainer.framework, trainer.image, trainer.num_nodes) == (*expected, 1), name
         assert trainer.trainer_type.value == "CustomTrainer"
         # "1", not "1.0": a quoted quantity is what the SDK multiplies by the nodes.
         expected = ("gpu", "1") if name in GPU_RUNTIMES else ("cpu", "1")

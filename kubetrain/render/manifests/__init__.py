@@ -35,7 +35,13 @@ from kubetrain import rules
 RUNTIMES_PACKAGE = "kubetrain.runtimes"
 #: Our ClusterTrainingRuntimes, in the order they are printed (each is ``<name>.yaml`` in
 #: RUNTIMES_PACKAGE, listed in this order in its ``kustomization.yaml``).
-RUNTIME_NAMES = ("torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang")
+RUNTIME_NAMES = (
+    "torch-ddp-cpu",
+    "torch-ddp-gpu",
+    "torch-fsdp-gpu",
+    "torch-ddp-gpu-gang",
+    "kubetrain-deepspeed-mpi",
+)
 #: The ServiceAccount we create and the steps run as (Argo's ``service_account`` default).
 STEPS_SERVICE_ACCOUNT = "kubetrain"
 #: The accounts KFP runs a step as when the run names none: standalone, multi-user.

@@ -189,7 +189,7 @@ def _collect_ours(
         )
     if manifest["strategy"] == "fsdp":
         verify_checkpoint(checkpoint)
-    elif MODEL_FILE not in manifest["files"]:
+    elif manifest["strategy"] == "ddp" and MODEL_FILE not in manifest["files"]:
         raise IntegrityError(
             f"checkpoint {checkpoint}: its manifest lists no {MODEL_FILE}; collect an earlier "
             "checkpoint (--checkpoint-file epoch-NNNNNN), or train again"
@@ -199,6 +199,10 @@ def _collect_ours(
     try:
         if manifest["strategy"] == "ddp":
             model_sha256 = _copy_rank0_model(
+                checkpoint, manifest, staged / MODEL_FILE, publishing.scanned(scan)
+            )
+        elif manifest["strategy"] == "deepspeed":
+            model_sha256 = _merge_zero(
                 checkpoint, manifest, staged / MODEL_FILE, publishing.scanned(scan)
             )
         else:
@@ -311,6 +315,31 @@ def _copy_rank0_model(
             "(--checkpoint-file epoch-NNNNNN), or train again"
         )
     return copied.sha256
+
+
+def _merge_zero(
+    checkpoint: storage.Location,
+    manifest: dict[str, Any],
+    target: Path,
+    observe: Callable[[int, Any], None] | None,
+) -> str:
+    """DeepSpeed: the ZeRO files ``engine.save_checkpoint`` wrote under ``zero/`` merged tensor
+    by tensor, as zero_to_fp32 merges them (:mod:`~kubetrain.artifacts.checkpoint_formats.
+    deepspeed_zero`), every file read checked against its manifest sha256 first. Returns the
+    written file's sha256."""
+    from kubetrain.artifacts import checkpoint_formats as foreign
+    from kubetrain.artifacts.checkpoint_manifest import ZERO_DIR
+
+    if not storage.is_local(checkpoint):
+        raise IntegrityError(
+            f"checkpoint {checkpoint} is a DeepSpeed checkpoint on object storage, where "
+            "DeepSpeed never saves; copy it to a local folder or volume and collect it there"
+        )
+    root = storage.local_path(checkpoint, "checkpoint_dir")
+    candidate = foreign.zero_tag_folder(root, ZERO_DIR)
+    return foreign.convert(
+        root, candidate, target, observe=observe, listed=manifest["files"]
+    ).sha256
 
 
 def _gather_shards(checkpoint: storage.Location, target: Path) -> str:

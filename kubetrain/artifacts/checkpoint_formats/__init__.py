@@ -8,7 +8,9 @@ One reader per writer, each a module behind :class:`~.api.Reader` and listed in
 * ``lightning``: Lightning's ``.ckpt``;
 * ``safetensors_file``: a bare ``.safetensors`` file;
 * ``dcp``: a ``torch.distributed.checkpoint`` folder;
-* ``hf_sharded``: Hugging Face's sharded folders (an index and its shards).
+* ``hf_sharded``: Hugging Face's sharded folders (an index and its shards);
+* ``deepspeed_zero``: DeepSpeed ZeRO (stages 1-3) folders, merged as ``zero_to_fp32`` merges
+  them (its ``*_model_states.pt``/``*_optim_states.pt`` are never taken as models one by one).
 
 Shared by all: the search (:mod:`.search`, depth first, newest first, never a file being
 written), the rule for the files read (:mod:`.files`), which part of nested state is the model
@@ -27,12 +29,14 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader, index_of_shard
 from kubetrain.artifacts.checkpoint_formats.dcp import METADATA, Dcp
+from kubetrain.artifacts.checkpoint_formats.deepspeed_zero import DeepSpeedZero
 from kubetrain.artifacts.checkpoint_formats.files import (
     UnreadableCheckpoint,
     held_to_rule,
@@ -61,10 +65,13 @@ from kubetrain.storage.integrity import sha256_file
 __all__ = [
     "READERS", "Candidate", "Converted", "convert", "holds_our_layout", "named_checkpoint",
     "newest_checkpoints", "nothing_to_collect", "still_being_written", "UnreadableCheckpoint",
+    "zero_tag_folder",
 ]  # fmt: skip
 
 #: Every format collect reads besides kubetrain's own, in the order a file is offered to them.
-READERS: tuple[Reader, ...] = (Dcp(), HfSharded(), TorchSave(), Lightning(), SafetensorsFile())
+READERS: tuple[Reader, ...] = (
+    Dcp(), HfSharded(), DeepSpeedZero(), TorchSave(), Lightning(), SafetensorsFile()
+)  # fmt: skip
 _BY_FORMAT = {fmt: reader for reader in READERS for fmt in reader.FORMATS}
 _EPOCH_IN_NAME = re.compile(r"epoch[-_=]?(\d+)", re.IGNORECASE)
 _STEP_IN_NAME = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_=]?(\d+)", re.IGNORECASE)
@@ -78,8 +85,8 @@ def newest_checkpoints(root: Path, writing: list[str]) -> Iterator[Candidate]:
 # --- a file the user names -------------------------------------------------------------------
 
 _NAMED_FIX = (
-    "name a .pt/.pth/.bin/.ckpt/.safetensors file, an HF index or a DCP folder inside "
-    "--checkpoint-dir"
+    "name a .pt/.pth/.bin/.ckpt/.safetensors file, an HF index, a DCP folder or a DeepSpeed "
+    "ZeRO folder inside --checkpoint-dir"
 )
 
 
@@ -116,7 +123,8 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
         if len(found) != 1:
             raise InvalidInput(
                 "checkpoint_file",
-                f"{path} is a folder holding no DCP .metadata or one HF index",
+                f"{path} is a folder holding no DCP .metadata, one HF index or a DeepSpeed ZeRO "
+                "checkpoint",
                 "name the model file itself with --checkpoint-file",
             )
         candidate = found[0]
@@ -128,18 +136,19 @@ def named_checkpoint(root: Path, given: str) -> Candidate | Path:
             # every file verified against its manifest, as without --checkpoint-file
             return path.parent
         found = whole_folder(READERS, root, folder, siblings)
-        if name == METADATA or is_index(name):
-            candidate = next((c for c in found if c.relative == relative), None)
-            if candidate is None:
-                raise InvalidInput(
-                    "checkpoint_file", f"{path} is being written (a hidden or .tmp name)",
-                    "name a complete checkpoint",
-                )  # fmt: skip
+        whole = next((c for c in found if c.relative == relative), None)
+        if whole is not None:  # what a card names as the source (a DCP .metadata, an HF index)
+            candidate = whole
+        elif name == METADATA or is_index(name):
+            raise InvalidInput(
+                "checkpoint_file", f"{path} is being written (a hidden or .tmp name)",
+                "name a complete checkpoint",
+            )  # fmt: skip
         elif any(relative in c.files for c in found):
             raise InvalidInput(
                 "checkpoint_file",
                 f"{path} is one shard of the checkpoint {root / found[0].relative}",
-                "name its index or DCP folder instead, which collect reads whole",
+                "name its folder (or its HF index) instead, which collect reads whole",
             )
         elif (index := index_of_shard(name)) is not None:
             raise IntegrityError(
@@ -190,6 +199,34 @@ def _numbers_in_name(relative: str) -> dict[str, int]:
     return numbers
 
 
+def _check_listed(root: Path, digests: dict[str, str], listed: Mapping[str, str]) -> None:
+    for name, digest in digests.items():
+        if name not in listed:
+            raise IntegrityError(
+                f"checkpoint {root}: file {name} is not listed in its manifest; refused unread: "
+                "collect a checkpoint kubetrain.train wrote whole"
+            )
+        if listed[name] != digest:
+            raise IntegrityError(
+                f"checkpoint {root}: file {root / name} is corrupt (sha256 {digest[:12]}…, "
+                f"manifest says {listed[name][:12]}…); re-create it rather than use it"
+            )
+
+
+def zero_tag_folder(root: Path, folder: str) -> Candidate:
+    """The DeepSpeed ZeRO checkpoint ``engine.save_checkpoint`` wrote in ``root/folder`` (a
+    kubetrain deepspeed checkpoint's tag folder), taken as it is: our layout publishes a
+    checkpoint whole, so no settling is waited for."""
+    names = sorted(os.listdir(root / folder)) if (root / folder).is_dir() else []
+    found = DeepSpeedZero().recognise_folder(root, folder, names)
+    if not found:
+        raise IntegrityError(
+            f"checkpoint {root} holds no DeepSpeed ZeRO files in {folder}/; it is incomplete: "
+            "collect an earlier checkpoint (--checkpoint-file epoch-NNNNNN), or train again"
+        )
+    return found[0]
+
+
 def convert(
     root: Path,
     candidate: Candidate,
@@ -198,6 +235,7 @@ def convert(
     expected: Mapping[str, tuple[int, ...]] | None = None,
     factory: str = "",
     observe: Callable[[int, Any], None] | None = None,
+    listed: Mapping[str, str] | None = None,
 ) -> Converted:
     """Write the model in ``candidate`` (a checkpoint in ``root``) as the safetensors file
     ``target``: the state dict ``state_key`` names, else the one the rule finds; with
@@ -205,28 +243,34 @@ def convert(
 
     Every file it reads is held to the manifest rule before it is opened and hashed; a file
     that changes while it is read (size, time or inode) fails the step: collect again once
-    the job has finished writing. ``observe(offset, bytes)`` sees the output as it is
-    written."""
+    the job has finished writing. The files are hashed on a thread while the model is read.
+    ``observe(offset, bytes)`` sees the output as it is written."""
     reader = _BY_FORMAT[candidate.format]
     relative = candidate.relative
     files = reader.files(root, candidate)
     for name in files:
         held_to_rule(root, name)
     before = snapshot(root, files)
-    digests = {name: sha256_file(root / name) for name in files}
-    source = reader.read(root, candidate, state_key)
-    if not source.entries:
-        raise IntegrityError(
-            f"checkpoint {root / relative} holds no tensors; save the model's state_dict() "
-            "(a dict of tensors)"
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hashing:
+        # hashed beside the reading (hashlib and file reads release the GIL); a file changed
+        # meanwhile fails the step below, as one changed while read does
+        hashed = hashing.submit(lambda: {name: sha256_file(root / name) for name in files})
+        if listed is not None:  # a kubetrain checkpoint: verified before anything is unpickled
+            _check_listed(root, hashed.result(), listed)
+        source = reader.read(root, candidate, state_key)
+        if not source.entries:
+            raise IntegrityError(
+                f"checkpoint {root / relative} holds no tensors; save the model's state_dict() "
+                "(a dict of tensors)"
+            )
+        shapes = {name: entry.shape for name, entry in source.entries.items()}
+        names = published_names(
+            shapes, source.owner_prefix, expected, f"checkpoint {root / relative}", factory
         )
-    shapes = {name: entry.shape for name, entry in source.entries.items()}
-    names = published_names(
-        shapes, source.owner_prefix, expected, f"checkpoint {root / relative}", factory
-    )
-    order = sorted(source.entries, key=lambda name: names[name])
-    entries = [dataclasses.replace(source.entries[name], name=names[name]) for name in order]
-    written = write_safetensors(target, entries, source.chunks(order), observe)
+        order = sorted(source.entries, key=lambda name: names[name])
+        entries = [dataclasses.replace(source.entries[name], name=names[name]) for name in order]
+        written = write_safetensors(target, entries, source.chunks(order), observe)
+        digests = hashed.result()
     if snapshot(root, files) != before:
         raise UnreadableCheckpoint(
             f"checkpoint {root / relative} changed while it was collected; collect again once "

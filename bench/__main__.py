@@ -14,6 +14,7 @@ from bench.core import FigureSkipped, Row, Settings, log
 from bench.figures import (
     collect,
     collect_dcp,
+    collect_zero,
     launch,
     pipeline,
     scale,
@@ -33,6 +34,7 @@ FIGURES: dict[str, Callable[[Settings], list[Row]]] = {
     "B3g": throughput_gpu.measure,
     "B4": collect.measure,
     "B4d": collect_dcp.measure,
+    "B4z": collect_zero.measure,
     "B1": pipeline.measure,
     "B2": wait.measure,
     "B6": scale.measure,

@@ -1,1 +1,1 @@
-"""The training entrypoint our DDP/FSDP image runs under torchrun."""
+"""The training entrypoint our image runs under torchrun or mpirun: DDP, FSDP2, DeepSpeed ZeRO."""

@@ -1,4 +1,5 @@
-"""``python -m kubetrain.train``: the entrypoint our DDP/FSDP image runs under torchrun."""
+"""``python -m kubetrain.train``: the entrypoint our trainer image runs under torchrun (DDP,
+FSDP, DeepSpeed), or once per rank under mpirun (``--launcher mpi``)."""
 
 from __future__ import annotations
 

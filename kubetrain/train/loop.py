@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,46 @@ from torch import nn
 from kubetrain.train.data import eval_batches
 from kubetrain.train.distributed import Runtime, all_reduce_sum, gradient_sync
 from kubetrain.train.progress import Reporter, SoFar
+
+
+class Updates(Protocol):
+    """How micro-batches' gradients become optimizer steps: torch's optimizer on a DDP or FSDP
+    model (:class:`TorchUpdates`), or a DeepSpeed engine (``deepspeed_strategy``)."""
+
+    model: nn.Module
+
+    def micro_batch(self, last_in_group: bool) -> AbstractContextManager[object]:
+        """Around one micro-batch's forward and backward; ``last_in_group`` ends a step."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate ``loss``, already divided by the micro-batches of its step."""
+        ...
+
+    def step(self) -> None:
+        """The optimizer step at the end of a group, gradients then cleared."""
+        ...
+
+
+class TorchUpdates:
+    """A torch optimizer on a DDP or FSDP2 model: the gradient all-reduce skipped on micro-steps
+    that are not last, the global gradient norm clipped before each step (0: not clipped)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_grad_norm: float):
+        self.model, self.optimizer, self.clip_grad_norm = model, optimizer, clip_grad_norm
+        optimizer.zero_grad(set_to_none=True)
+
+    def micro_batch(self, last_in_group: bool) -> AbstractContextManager[object]:
+        return gradient_sync(self.model, enabled=last_in_group)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        if self.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass(frozen=True)
@@ -44,14 +86,12 @@ def _autocast(device: torch.device) -> torch.autocast:
 
 
 def train_epoch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    updates: Updates,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     *,
     num_batches: int,
     runtime: Runtime,
     grad_accum_steps: int,
-    clip_grad_norm: float,
     reporter: Reporter,
     first_step: int = 0,
 ) -> EpochStats:
@@ -62,6 +102,7 @@ def train_epoch(
     ``first_step`` counts the steps before this epoch, for the records.
     """
     device = runtime.device
+    model = updates.model
     model.train()
     batch_losses = torch.zeros(max(num_batches, 1), dtype=torch.float64, device=device)
     batch_sizes: list[int] = []
@@ -76,23 +117,19 @@ def train_epoch(
         loss = batch_losses[:done].sum().item() / max(seen, 1)
         return SoFar(step=first_step + steps, loss=loss, samples=seen)
 
-    optimizer.zero_grad(set_to_none=True)
     for index, (x_batch, y_batch) in enumerate(batches):
         x = x_batch.to(device, non_blocking=True)  # a no-op for batches already there
         y = y_batch.to(device, non_blocking=True)
         group_start = index - index % grad_accum_steps
         group_size = min(grad_accum_steps, num_batches - group_start)
         last_in_group = index - group_start == group_size - 1
-        with gradient_sync(model, enabled=last_in_group):
+        with updates.micro_batch(last_in_group):
             with _autocast(device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float(), y)
-            (loss / group_size).backward()
+            updates.backward(loss / group_size)
         if last_in_group:
-            if clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            updates.step()
             steps += 1
             step_ends.append(time.perf_counter())
         batch_losses[index] = loss.detach().double() * len(y)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kubetrain import rules, storage
+from kubetrain.artifacts.checkpoint_manifest import refuse_object_storage_for_deepspeed
 from kubetrain.errors import InvalidInput, terminal_text
-from kubetrain.rules import MODEL_FIX, STRATEGIES, is_model_spec
+from kubetrain.rules import DEFAULT_ZERO_STAGE, MODEL_FIX, STRATEGIES, ZERO_STAGES, is_model_spec
+from kubetrain.train import deepspeed_config
 
 PROG = "kubetrain.train"
 #: What runs our trainer on a node; torchrun reads PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/
@@ -43,6 +45,9 @@ class TrainOptions:
     seed: int
     device: str
     tensorboard_dir: str | None  # None: no event files
+    #: deepspeed: the user's config filled with our options (batch_size and grad_accum_steps
+    #: above are its micro batch and accumulation steps); None for ddp and fsdp.
+    deepspeed_config: dict[str, Any] | None = None
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -57,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog=PROG,
         description=(
-            "Train a classifier with DDP or FSDP2. Run it under torchrun for several processes "
-            "(topology from the PET_*/torchrun environment) or directly for one process."
+            "Train a classifier with DDP, FSDP2 or DeepSpeed ZeRO. Run it under torchrun for "
+            "several processes (topology from the PET_*/torchrun environment), as each rank of "
+            "mpirun (from OpenMPI's OMPI_COMM_WORLD_* environment) or directly for one process."
         ),
     )
     add = parser.add_argument
@@ -79,7 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy",
         default="ddp",
         choices=STRATEGIES,
-        help="ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); default: ddp",
+        help="ddp (DistributedDataParallel), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO); "
+        "default: ddp",
+    )
+    add(
+        "--zero-stage",
+        type=int,
+        default=None,
+        choices=ZERO_STAGES,
+        help=f"deepspeed: the ZeRO stage (1 optimizer state, 2 and gradients, 3 and parameters "
+        f"sharded), unless --deepspeed-config sets one; default: {DEFAULT_ZERO_STAGE}",
+    )
+    add(
+        "--deepspeed-config",
+        default=None,
+        metavar="FILE|JSON",
+        help="deepspeed: a DeepSpeed JSON config, a file or its text; its settings win, the "
+        "options here fill what it leaves out (batch sizes, accumulation, optimizer, clipping, "
+        "ZeRO stage; bf16 on a GPU that has it)",
     )
     add(
         "--epochs",
@@ -218,16 +241,21 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         raise InvalidInput(
             "--checkpoint-dir", f"{args.checkpoint_dir} is a file", "pass a folder path"
         )
+    ds_config = _deepspeed_config(args)
+    batch_size, grad_accum_steps = args.batch_size, args.grad_accum_steps
+    if ds_config is not None:
+        batch_size = ds_config[deepspeed_config.MICRO_BATCH]
+        grad_accum_steps = ds_config[deepspeed_config.ACCUMULATION]
     return TrainOptions(
         data=args.data,
         dataset=args.dataset,
         model=args.model,
         strategy=args.strategy,
         epochs=args.epochs,
-        batch_size=args.batch_size,
+        batch_size=batch_size,
         lr=args.lr,
         optimizer=args.optimizer,
-        grad_accum_steps=args.grad_accum_steps,
+        grad_accum_steps=grad_accum_steps,
         clip_grad_norm=args.clip_grad_norm,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
@@ -236,6 +264,40 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         seed=args.seed,
         device=args.device,
         tensorboard_dir=_tensorboard_dir(args.tensorboard_dir, args.checkpoint_dir),
+        deepspeed_config=ds_config,
+    )
+
+
+def _deepspeed_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The DeepSpeed config this job trains with (strategy deepspeed), its batch settings
+    checked against the job's world size before any process group starts; the DeepSpeed
+    options are refused with another strategy, which would ignore them."""
+    if args.strategy != "deepspeed":
+        for option, value in (
+            ("--zero-stage", args.zero_stage),
+            ("--deepspeed-config", args.deepspeed_config),
+        ):
+            if value is not None:
+                raise InvalidInput(
+                    option, f"is for --strategy deepspeed, not {args.strategy}",
+                    f"pass --strategy deepspeed, or leave {option} out",
+                )  # fmt: skip
+        return None
+    refuse_object_storage_for_deepspeed(args.checkpoint_dir, "--checkpoint-dir")
+    field = "--deepspeed-config"
+    user = (
+        deepspeed_config.load_config(args.deepspeed_config, field) if args.deepspeed_config else {}
+    )
+    return deepspeed_config.fill_config(
+        user,
+        batch_size=args.batch_size,
+        grad_accum_steps=args.grad_accum_steps,
+        world_size=deepspeed_config.world_size_from_env(),
+        optimizer=args.optimizer,
+        lr=args.lr,
+        clip_grad_norm=args.clip_grad_norm,
+        zero_stage=DEFAULT_ZERO_STAGE if args.zero_stage is None else args.zero_stage,
+        field=field,
     )
 
 

@@ -18,9 +18,9 @@ from kubetrain.artifacts.checkpoint import (
     latest_name,
     lock_checkpoint_dir,
     prune_checkpoints,
-    read_manifest,
     restore_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from kubetrain.artifacts.models import build_classifier
 from kubetrain.errors import InvalidInput, KubetrainError
@@ -28,7 +28,7 @@ from kubetrain.names import JOB_NAME_ENV
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
 from kubetrain.train.distributed import Runtime, wrap_model
 from kubetrain.train.events import open_event_files
-from kubetrain.train.loop import EpochStats, evaluate, train_epoch
+from kubetrain.train.loop import EpochStats, TorchUpdates, Updates, evaluate, train_epoch
 from kubetrain.train.options import TrainOptions
 from kubetrain.train.progress import Reporter
 
@@ -72,15 +72,42 @@ def _hold_checkpoint_dir(checkpoint_dir: str, runtime: Runtime) -> CheckpointLoc
     return lock
 
 
-def _check_compatible(ckpt: str, model_info: dict[str, Any]) -> None:
-    """Refuse to resume weights into a different model, which would fail or mislead."""
-    stored = read_manifest(ckpt)["model"]
+_FRESH_START = "or --resume never with another --checkpoint-dir"
+
+
+def _check_compatible(
+    ckpt: str, model_info: dict[str, Any], options: TrainOptions, world_size: int
+) -> None:
+    """Refuse, before the model is wrapped, a checkpoint whose files fail their manifest's
+    sha256, weights of a different model, or a checkpoint a strategy cannot continue: ddp and
+    fsdp read each other's, a DeepSpeed engine only its own, written with the same ZeRO stage
+    on as many processes (its partitions)."""
+    manifest = verify_checkpoint(ckpt)
+    stored = manifest["model"]
     if stored != model_info:
         raise InvalidInput(
             "--resume",
             f"checkpoint {ckpt} holds model {stored}, this run builds {model_info}",
-            "pass the same --model and data, or --resume never with another --checkpoint-dir",
+            f"pass the same --model and data, {_FRESH_START}",
         )
+    written_by = manifest["strategy"]
+    if (written_by == "deepspeed") != (options.strategy == "deepspeed"):
+        raise InvalidInput(
+            "--strategy",
+            f"checkpoint {ckpt} was written by strategy {written_by}, which {options.strategy} "
+            "cannot continue",
+            f"pass --strategy {written_by}, {_FRESH_START}",
+        )
+    if options.deepspeed_config is not None:
+        stage = options.deepspeed_config["zero_optimization"]["stage"]
+        written = (manifest["zero_stage"], manifest["world_size"])
+        if written != (stage, world_size):
+            raise InvalidInput(
+                "--resume",
+                f"checkpoint {ckpt} was written by ZeRO stage {written[0]} on {written[1]} "
+                f"processes, this run is stage {stage} on {world_size}",
+                f"resume with that stage and process count, {_FRESH_START}",
+            )
 
 
 #: The most per-step entries a manifest's ``history`` holds (see :func:`thin_history`).
@@ -131,6 +158,18 @@ def _env_count(name: str) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def _deepspeed_hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
+    """What a DeepSpeed config (the user's settings winning over ours) trained with."""
+    chosen = config["optimizer"] if isinstance(config.get("optimizer"), dict) else {}
+    params = chosen.get("params") if isinstance(chosen.get("params"), dict) else {}
+    return {
+        "zero_stage": config["zero_optimization"]["stage"],
+        **({"optimizer": str(chosen["type"]).lower()} if "type" in chosen else {}),
+        **({"lr": params["lr"]} if "lr" in params else {}),
+        "clip_grad_norm": config.get("gradient_clipping", 0.0),
+    }
+
+
 def hyperparameters(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     """What the report shows of how the model was trained. Nodes and processes per node come
     from the torchrun environment: ``PET_NNODES``, which the Trainer sets on each node
@@ -153,6 +192,11 @@ def hyperparameters(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         "nodes": nodes,
         "procs_per_node": procs,
         "world_size": runtime.world_size,
+        **(
+            {}
+            if options.deepspeed_config is None
+            else _deepspeed_hyperparameters(options.deepspeed_config)
+        ),
     }
 
 
@@ -200,6 +244,21 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
             lock.release()
 
 
+def _prepare(
+    module: nn.Module, options: TrainOptions, runtime: Runtime
+) -> tuple[nn.Module, torch.optim.Optimizer | None, Updates]:
+    """The model as trained (DDP, FSDP2 or a DeepSpeed engine, which holds its optimizer: None
+    then), its optimizer and how micro-batches become steps."""
+    if options.deepspeed_config is not None:
+        from kubetrain.train import deepspeed_strategy
+
+        engine = deepspeed_strategy.initialize(module, options.deepspeed_config, runtime)
+        return engine, None, deepspeed_strategy.DeepSpeedUpdates(engine)
+    model = wrap_model(module, options.strategy, runtime)
+    optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
+    return model, optimizer, TorchUpdates(model, optimizer, options.clip_grad_norm)
+
+
 def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
     clock = RunClock(options.checkpoint_dir)
     data = load_data(options.dataset, options.data)
@@ -208,23 +267,22 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
         "sample_shape": data.sample_shape,
         "num_classes": data.num_classes,
     }
+    last = _agreed_checkpoint(options.checkpoint_dir) if options.resume == "auto" else None
+    if last is not None:
+        _check_compatible(last, model_info, options, runtime.world_size)
     torch.manual_seed(options.seed)  # identical initial weights on every rank
     module = build_classifier(options.model, data.sample_shape, data.num_classes)
     torch.manual_seed(options.seed + runtime.rank)
-    model = wrap_model(module, options.strategy, runtime)
-    optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
+    model, optimizer, updates = _prepare(module, options, runtime)
 
-    first_epoch, step, metrics, history, last = 1, 0, [], [], None
-    if options.resume == "auto":
-        last = _agreed_checkpoint(options.checkpoint_dir)
-        if last is not None:
-            _check_compatible(last, model_info)
-            manifest = restore_checkpoint(last, model, optimizer)
-            first_epoch, step = manifest["epoch"] + 1, manifest["step"]
-            metrics = list(manifest["metrics"])
-            history = list(manifest.get("history", []))
-            clock.resume(manifest.get("run"))
-            reporter.line(f"resumed from {last}: epoch {manifest['epoch']} step {step}")
+    first_epoch, step, metrics, history = 1, 0, [], []
+    if last is not None:
+        manifest = restore_checkpoint(last, model, optimizer, verify=False)  # verified above
+        first_epoch, step = manifest["epoch"] + 1, manifest["step"]
+        metrics = list(manifest["metrics"])
+        history = list(manifest.get("history", []))
+        clock.resume(manifest.get("run"))
+        reporter.line(f"resumed from {last}: epoch {manifest['epoch']} step {step}")
     trained = hyperparameters(options, runtime)
 
     train_x, train_y = on_device_if_it_fits(data.train_x, data.train_y, runtime.device)
@@ -243,13 +301,11 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
             sampler.set_epoch(epoch)
             reporter.start_epoch(epoch, options.epochs, len(loader))
             stats = train_epoch(
-                model,
-                optimizer,
+                updates,
                 loader,
                 num_batches=len(loader),
                 runtime=runtime,
                 grad_accum_steps=options.grad_accum_steps,
-                clip_grad_norm=options.clip_grad_norm,
                 reporter=reporter,
                 first_step=step,
             )

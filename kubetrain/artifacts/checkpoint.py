@@ -15,13 +15,23 @@ Layout (format ``kubetrain.checkpoint/v1``)::
         optimizer.pt                 ddp: optimizer state keyed by parameter name (torch.save)
         dcp/...                      fsdp: a torch.distributed.checkpoint (DCP) checkpoint of
                                      {"model": ..., "optim": ...} written by all ranks
+        zero/...                     deepspeed: what ``engine.save_checkpoint(step folder,
+                                     tag="zero", save_latest=False)`` writes from all ranks
+                                     (``mp_rank_00_model_states.pt``, or one
+                                     ``zero_pp_rank_R_mp_rank_00_model_states.pt`` per rank
+                                     under ZeRO-3, and each rank's ``[bf16_]zero_pp_rank_R_
+                                     mp_rank_00_optim_states.pt``); the manifest adds
+                                     zero_stage. DeepSpeed's zero_to_fp32.py and
+                                     zero_to_torch.py, which it copies beside the tag folder,
+                                     are listed like any file.
 
 How a checkpoint is written, so that a crash never leaves a half-written one that looks done:
 
 1. rank 0 picks a fresh hidden staging folder ``CKPT_DIR/.tmp-epoch-000003-<uuid>``, removes
    what earlier attempts at that epoch left and tells every rank its name (every FSDP rank
    writes into the same place; no pid, which two hosts can share);
-2. the payload goes into the staging folder (rank 0 alone for ddp, every rank for fsdp);
+2. the payload goes into the staging folder (rank 0 alone for ddp, every rank for fsdp and
+   deepspeed);
 3. after a barrier, rank 0 writes manifest.json with the sha256 of every payload file, fsyncs
    the folder and renames it to ``epoch-000003`` (:func:`kubetrain.storage.atomic.publish_dir`);
 4. rank 0 atomically rewrites ``LATEST``.
@@ -43,7 +53,9 @@ manifest, listing the sha256 of every payload object read back from the store, i
 last, and ``LATEST`` after it. A folder whose manifest is missing is never taken as a
 checkpoint, so a crash mid-write leaves nothing that looks done.
 With more than one node, ``CKPT_DIR`` must be storage that all nodes share: every rank reads
-it to resume, and every FSDP rank writes its shard into it.
+it to resume, and every FSDP or DeepSpeed rank writes its shard into it. DeepSpeed writes and
+reads local files only, so a deepspeed checkpoint folder is local or a shared volume, never
+object storage.
 """
 
 from __future__ import annotations
@@ -77,12 +89,14 @@ from kubetrain.artifacts.checkpoint_manifest import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     STRATEGIES,
+    ZERO_DIR,
     PathLike,
     checkpoint_name,
     is_complete,
     latest_checkpoint,
     latest_name,
     read_manifest,
+    refuse_object_storage_for_deepspeed,
     verify_checkpoint,
 )
 from kubetrain.artifacts.manifest import check_entry
@@ -93,6 +107,7 @@ from kubetrain.storage import atomic
 # The checkpoint API in one place: the layout and readers live in checkpoint_manifest (no torch).
 __all__ = [
     "DCP_DIR", "FORMAT", "LATEST", "MANIFEST", "MODEL_FILE", "OPTIMIZER_FILE", "STRATEGIES",
+    "ZERO_DIR", "deepspeed_safe_globals", "refuse_object_storage_for_deepspeed",
     "checkpoint_name", "latest_checkpoint", "latest_name", "load_full_state_dict", "load_model",
     "lock_checkpoint_dir", "prune_checkpoints", "read_manifest", "restore_checkpoint",
     "save_checkpoint", "verify_checkpoint",
@@ -266,6 +281,12 @@ def _dcp_model_tensors(dcp_path: PathLike) -> dict[str, torch.Tensor]:
 def load_full_state_dict(ckpt_path: PathLike, verify: bool = True) -> dict[str, torch.Tensor]:
     """The model's full, unsharded state dict (plain module names), without a process group."""
     manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
+    if manifest["strategy"] == "deepspeed":
+        raise InvalidInput(
+            "checkpoint",
+            f"{ckpt_path} is a DeepSpeed ZeRO checkpoint, whose model is in partitions",
+            "collect it first (kubetrain collect), which merges them into one model.safetensors",
+        )
     if manifest["strategy"] == "fsdp":
         return _dcp_model_tensors(storage.join(ckpt_path, DCP_DIR))
     return _load_safetensors(storage.join(ckpt_path, MODEL_FILE))
@@ -323,7 +344,7 @@ def _plain_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 def save_checkpoint(
     checkpoint_dir: PathLike,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     *,
     epoch: int,
     step: int,
@@ -336,7 +357,8 @@ def save_checkpoint(
 ) -> Path | str:
     """Write the checkpoint of ``epoch`` (collective: every rank calls it) and return its path.
 
-    ``model`` may be wrapped in DDP or be FSDP2-sharded; ``model_info`` holds the spec,
+    ``model`` may be wrapped in DDP or be FSDP2-sharded, or be a DeepSpeed engine (strategy
+    deepspeed: it saves its own optimizer, ``optimizer`` is None); ``model_info`` holds the spec,
     sample_shape and num_classes that rebuild it. ``history`` (one entry per optimizer step),
     ``hyperparameters`` and ``run`` (job, started_at, updated_at, seconds) go into the
     manifest when given, for the report; readers take them as optional.
@@ -345,6 +367,8 @@ def save_checkpoint(
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
+    if strategy == "deepspeed":
+        refuse_object_storage_for_deepspeed(checkpoint_dir, "--checkpoint-dir")
     local = storage.is_local(checkpoint_dir)
     final = storage.join(checkpoint_dir, checkpoint_name(epoch))
     rank = _rank()
@@ -354,9 +378,16 @@ def save_checkpoint(
         _clear(target)
     _barrier()
 
-    model_state, optim_state = get_state_dict(model, optimizer)
-    if strategy == "fsdp":
+    strategy_fields: dict[str, Any] = {}
+    if strategy == "deepspeed":
+        # every rank writes its partition; the engine's own "latest" file is not written: LATEST
+        # (below) is the one pointer, and it names a folder only once it is complete
+        model.save_checkpoint(str(target), tag=ZERO_DIR, save_latest=False)
+        strategy_fields["zero_stage"] = model.zero_optimization_stage()
+    elif strategy == "fsdp":
         import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = get_state_dict(model, optimizer)
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
@@ -364,8 +395,10 @@ def save_checkpoint(
                 {"model": model_state, "optim": optim_state},
                 storage_writer=_dcp_writer(storage.join(target, DCP_DIR)),
             )
-    elif rank == 0:
-        _write_ddp_payload(target, _plain_tensors(model_state), optim_state)
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        if rank == 0:
+            _write_ddp_payload(target, _plain_tensors(model_state), optim_state)
     _barrier()
 
     if rank == 0:
@@ -375,6 +408,7 @@ def save_checkpoint(
             "step": step,
             "world_size": _world_size(),
             "strategy": strategy,
+            **strategy_fields,
             "model": dict(model_info),
             "metrics": [dict(entry) for entry in metrics],
             **({} if history is None else {"history": [dict(entry) for entry in history]}),
@@ -570,14 +604,64 @@ def _tensor_leaves(tree: Any) -> Any:
     return tree if isinstance(tree, torch.Tensor) else None
 
 
+def deepspeed_safe_globals() -> list[Any]:
+    """The classes a DeepSpeed ZeRO checkpoint's pickles hold besides tensors and plain
+    containers (found with ``torch.serialization.get_unsafe_globals_in_checkpoint`` on stage
+    1-3 checkpoints of deepspeed 0.19.8): the stage enum, the loss scaler's plain record and
+    the optimizer's fragment addresses (stages 1-2). Building them runs no code of the file."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, fragment_address]
+
+
+#: torch's switch that makes every ``torch.load`` of the process ``weights_only=True``, even one
+#: that asks for less (torch 2.13 serialization.py ``load``).
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+
+
+def _restore_deepspeed(ckpt_path: PathLike, engine: Any) -> None:
+    """``engine.load_checkpoint`` of the step folder's ``zero`` tag, every pickle loaded
+    ``weights_only`` with :func:`deepspeed_safe_globals` only. DeepSpeed's own loader asks for
+    ``weights_only=False`` (deepspeed v0.19.8 runtime/checkpoint_engine/
+    torch_checkpoint_engine.py ``load``) and has no public hook to ask otherwise; torch's
+    documented switch, set for the load alone, overrides it."""
+    before = os.environ.get(_FORCE_WEIGHTS_ONLY)
+    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        with torch.serialization.safe_globals(deepspeed_safe_globals()):
+            loaded, _ = engine.load_checkpoint(str(ckpt_path), tag=ZERO_DIR)
+    except pickle.UnpicklingError as exc:
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: a file of {ZERO_DIR}/ is not plain DeepSpeed state, refused "
+            f"unread ({refusal_reason(exc)}); use a checkpoint written by kubetrain.train"
+        ) from exc
+    finally:
+        if before is None:
+            os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
+        else:
+            os.environ[_FORCE_WEIGHTS_ONLY] = before
+    if loaded is None:
+        raise IntegrityError(
+            f"checkpoint {ckpt_path}: DeepSpeed found no checkpoint in {ZERO_DIR}/; "
+            "use an earlier checkpoint"
+        )
+
+
 def restore_checkpoint(
-    ckpt_path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer
+    ckpt_path: PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Load model and optimizer state (collective); return the manifest with epoch, step, metrics.
 
     Works across strategies and world sizes (a ddp checkpoint into an FSDP model and back).
     Optimizer hyperparameters stay those of ``optimizer``, so a resumed run follows its
-    command line (e.g. a new --lr).
+    command line (e.g. a new --lr). A deepspeed checkpoint goes back into the DeepSpeed engine
+    ``model`` (``optimizer`` None) that wrote it, with the same ZeRO stage and world size.
+    ``verify`` False: the caller has just checked every file against the manifest.
     """
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -585,7 +669,18 @@ def restore_checkpoint(
         set_state_dict,
     )
 
-    manifest = verify_checkpoint(ckpt_path)
+    manifest = verify_checkpoint(ckpt_path) if verify else read_manifest(ckpt_path)
+    if manifest["strategy"] == "deepspeed" or optimizer is None:
+        if manifest["strategy"] != "deepspeed" or optimizer is not None:
+            raise InvalidInput(
+                "--strategy",
+                f"checkpoint {ckpt_path} was written by strategy {manifest['strategy']}, "
+                "which this run cannot continue",
+                f"resume it with --strategy {manifest['strategy']}, or pass --resume never with "
+                "another --checkpoint-dir",
+            )
+        _restore_deepspeed(ckpt_path, model)
+        return manifest
     hyperparameters = [
         {key: value for key, value in group.items() if key != "params"}
         for group in optimizer.param_groups

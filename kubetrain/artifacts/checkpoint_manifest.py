@@ -23,14 +23,16 @@ from kubetrain.artifacts.manifest import (
     read_format_manifest,
     verify_digests,
 )
-from kubetrain.errors import IntegrityError
-from kubetrain.rules import STRATEGIES
+from kubetrain.errors import IntegrityError, InvalidInput
+from kubetrain.rules import STRATEGIES, ZERO_STAGES
 
 FORMAT = "kubetrain.checkpoint/v1"
 LATEST = "LATEST"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 DCP_DIR = "dcp"
+#: deepspeed: the tag folder ``engine.save_checkpoint(step folder, tag=ZERO_DIR)`` writes.
+ZERO_DIR = "zero"
 EPOCH_NAME = re.compile(r"epoch-(\d{6,})")
 _FIELDS = {
     "epoch": WHOLE,
@@ -43,6 +45,13 @@ _FIELDS = {
 }
 #: Written by the trainer since issue 18, absent from older checkpoints: checked when present.
 _OPTIONAL_FIELDS = {"history": RECORDS, "hyperparameters": OBJECT, "run": OBJECT}
+#: deepspeed's manifest says which ZeRO stage wrote it: the stage decides its files' names.
+_DEEPSPEED_FIELDS = {
+    "zero_stage": Rule(
+        lambda value: not isinstance(value, bool) and value in ZERO_STAGES,
+        f"one of {', '.join(map(str, ZERO_STAGES))}",
+    )
+}
 _PAYLOAD = {"ddp": (MODEL_FILE, OPTIMIZER_FILE), "fsdp": (f"{DCP_DIR}/.metadata",)}
 
 PathLike = storage.Location
@@ -51,6 +60,17 @@ PathLike = storage.Location
 def checkpoint_name(epoch: int) -> str:
     """Folder name of the checkpoint taken after ``epoch``; zero-padded so names sort by epoch."""
     return f"epoch-{epoch:06d}"
+
+
+def refuse_object_storage_for_deepspeed(checkpoint_dir: PathLike, field: str) -> None:
+    """DeepSpeed saves and loads through local files (``torch.save`` to a path): its checkpoints
+    go to a local folder or a shared volume."""
+    if not storage.is_local(checkpoint_dir):
+        raise InvalidInput(
+            field,
+            f"{checkpoint_dir} is object storage, where DeepSpeed cannot save its checkpoints",
+            "give a local folder, or one on a volume all nodes share",
+        )
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -73,7 +93,36 @@ def read_manifest(ckpt_path: PathLike) -> dict[str, Any]:
     check_fields(manifest["model"], MODEL_FIELDS, what, MANIFEST, within="model.")
     present = {key: rule for key, rule in _OPTIONAL_FIELDS.items() if key in manifest}
     check_fields(manifest, present, what, MANIFEST)
+    if manifest["strategy"] == "deepspeed":
+        check_fields(manifest, _DEEPSPEED_FIELDS, what, MANIFEST)
     return manifest
+
+
+def deepspeed_payload(zero_stage: int, world_size: int) -> list[tuple[str, ...]]:
+    """The files a deepspeed checkpoint cannot be without, each as the names one of which must
+    be listed: the model states (one file, or one per rank under ZeRO-3, which shards them) and
+    every rank's optimizer partition (``bf16_`` prefixed when trained in bf16), as
+    deepspeed v0.19.8 runtime/engine.py ``_get_ckpt_name`` and ``_get_rank_zero_ckpt_name``
+    name them."""
+    ranks = range(world_size)
+    if zero_stage == 3:
+        models = [(f"{ZERO_DIR}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",) for rank in ranks]
+    else:
+        models = [(f"{ZERO_DIR}/mp_rank_00_model_states.pt",)]
+    optim = [
+        tuple(f"{ZERO_DIR}/{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+              for prefix in ("", "bf16_"))
+        for rank in ranks
+    ]  # fmt: skip
+    return [*models, *optim]
+
+
+def _required_payload(manifest: dict[str, Any], listed: int) -> list[tuple[str, ...]]:
+    if manifest["strategy"] != "deepspeed":
+        return [(name,) for name in _PAYLOAD[manifest["strategy"]]]
+    # each rank wrote a file: a world size beyond the files listed is incomplete, unenumerated
+    world_size = min(manifest["world_size"], listed + 1)
+    return deepspeed_payload(manifest["zero_stage"], world_size)
 
 
 def listed_files(ckpt_path: PathLike, manifest: dict[str, Any]) -> dict[str, str]:
@@ -125,10 +174,10 @@ def verify_checkpoint(ckpt_path: PathLike) -> dict[str, Any]:
     """Check every file against its manifest sha256 (naming the bad one); return the manifest."""
     manifest = read_manifest(ckpt_path)
     files = listed_files(ckpt_path, manifest)
-    for required in _PAYLOAD[manifest["strategy"]]:
-        if required not in files:
+    for names in _required_payload(manifest, len(files)):
+        if not any(name in files for name in names):
             raise IntegrityError(
-                f"checkpoint {ckpt_path}: {MANIFEST} does not list {required}; "
+                f"checkpoint {ckpt_path}: {MANIFEST} does not list {names[0]}; "
                 "it is incomplete, use an earlier checkpoint"
             )
     verify_digests(ckpt_path, files, f"checkpoint {ckpt_path}")

@@ -1,13 +1,16 @@
-"""Process group, device and model wrapping for DDP and FSDP2.
+"""Process group, device and model wrapping for DDP and FSDP2 (DeepSpeed: deepspeed_strategy).
 
 Under torchrun the topology comes from its environment (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT, which torchrun derives from PET_*). Without it we start a one-process group
-on an in-memory store, so that one code path (collectives, DCP, FSDP) serves every world size.
+MASTER_ADDR/PORT, which torchrun derives from PET_*); under mpirun from OpenMPI's
+(:func:`discover_mpi_topology`). Without either we start a one-process group on an in-memory
+store, so that one code path (collectives, DCP, FSDP, DeepSpeed) serves every world size.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,14 +36,14 @@ class Runtime:
         return self.rank == 0
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, fix: str = "launch with torchrun") -> int:
     value = os.environ.get(name)
     if value is None:
         return default
     try:
         return int(value)
     except ValueError as exc:
-        raise InvalidInput(name, f"{value!r} is not an integer", "launch with torchrun") from exc
+        raise InvalidInput(name, f"{value!r} is not an integer", fix) from exc
 
 
 def pick_device(option: str, local_rank: int) -> torch.device:
@@ -64,8 +67,60 @@ def pick_device(option: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+#: The rendezvous port of DeepSpeed's MPI discovery (deepspeed v0.19.8 constants.py
+#: TORCH_DISTRIBUTED_DEFAULT_PORT), used when the environment gives no MASTER_PORT.
+MPI_DEFAULT_PORT = 29500
+
+
+def _host_address() -> str:
+    """This host's address as DeepSpeed's MPI discovery finds it: the first of ``hostname -I``,
+    else what the host name resolves to."""
+    try:
+        found = subprocess.run(
+            ["hostname", "-I"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        found = []
+    return found[0] if found else socket.gethostbyname(socket.gethostname())
+
+
+def discover_mpi_topology() -> bool:
+    """Started by mpirun (OpenMPI's ``OMPI_COMM_WORLD_*`` set, torchrun's ``RANK`` not), set the
+    torch topology as deepspeed v0.19.8 comm/comm.py ``mpi_discovery`` sets it: RANK,
+    WORLD_SIZE and LOCAL_RANK (OpenMPI's own counts, which equal the ranks and per-host
+    positions it computes with mpi4py), MASTER_ADDR rank 0's address broadcast over MPI (one
+    the environment gives wins) and MASTER_PORT (the environment's, else 29500); and, as
+    torchrun does, LOCAL_WORLD_SIZE. Return whether it did."""
+    if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return False
+    fix = "start it with OpenMPI's mpirun, which sets OMPI_COMM_WORLD_*"
+    rank = _env_int("OMPI_COMM_WORLD_RANK", 0, fix)
+    topology = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(_env_int("OMPI_COMM_WORLD_SIZE", 1, fix)),
+        "LOCAL_RANK": str(_env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, fix)),
+        "LOCAL_WORLD_SIZE": str(_env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, fix)),
+        "MASTER_PORT": os.environ.get("MASTER_PORT") or str(MPI_DEFAULT_PORT),
+    }
+    address = os.environ.get("MASTER_ADDR")
+    if not address:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise InvalidInput(
+                "MASTER_ADDR",
+                "is not set under mpirun, and mpi4py, which would find rank 0's address, is "
+                "not installed",
+                "install mpi4py (pip install 'kubetrain[deepspeed]'), or set MASTER_ADDR",
+            ) from None
+        address = MPI.COMM_WORLD.bcast(_host_address() if rank == 0 else None, root=0)
+    os.environ.update(topology, MASTER_ADDR=address)
+    return True
+
+
 def init_runtime(device_option: str) -> Runtime:
     """Join (or create) the process group: nccl on CUDA, gloo on CPU."""
+    discover_mpi_topology()
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -2,13 +2,15 @@
 pod logs.
 
 Log collectors read plain lines, and a bar redrawn in a pod log is noise, so the bar is
-only used when stdout is a TTY. Off a terminal rank 0 writes structured progress records
-(:mod:`kubetrain.progress`), from which `wait`, `logs` and `kubetrain run` draw their own live
-display. Other ranks say nothing.
+only used when stdout is a TTY of this process's own: not under mpirun, which gives each
+rank a pseudo-terminal and forwards it to the launcher's log. Off a terminal rank 0 writes
+structured progress records (:mod:`kubetrain.progress`), from which `wait`, `logs` and
+`kubetrain run` draw their own live display. Other ranks say nothing.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -179,4 +181,8 @@ class RichReporter:
 def make_reporter(is_main: bool, world_size: int = 1) -> Reporter:
     if not is_main:
         return SilentReporter()
-    return RichReporter() if sys.stdout.isatty() else PlainReporter(world_size)
+    # OpenMPI sets OMPI_COMM_WORLD_RANK in every process mpirun starts.
+    under_mpirun = "OMPI_COMM_WORLD_RANK" in os.environ
+    if sys.stdout.isatty() and not under_mpirun:
+        return RichReporter()
+    return PlainReporter(world_size)

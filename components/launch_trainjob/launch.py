@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain import bounded_json, rules, storage
+from kubetrain.artifacts.checkpoint_manifest import refuse_object_storage_for_deepspeed
 from kubetrain.backends import BackendOptions, get_backend
 from kubetrain.backends.base import Backend
 from kubetrain.components._shared.program import (
@@ -60,6 +61,7 @@ from kubetrain.rules import (
     STRATEGY_FIX,
     ZERO_STAGES,
 )
+from kubetrain.train import deepspeed_config
 from kubetrain.train.options import MPI_TRAINER_COMMAND, TRAINER_COMMAND
 
 RUN_NAME_LABEL = "kubetrain.io/run-name"
@@ -85,19 +87,23 @@ class TrainingOptions:
     lr: float = 1e-3
     checkpoint_every: int = 1
     keep_checkpoints: int = 3
-    #: DeepSpeed only: the ZeRO stage, and a user's DeepSpeed config (a file here, a path in
-    #: the nodes, or its JSON text) whose settings win over ours.
+    #: DeepSpeed only: the ZeRO stage, and a user's DeepSpeed config (a file here, or its JSON
+    #: text; the nodes get the text) whose settings win over ours.
     zero_stage: int = DEFAULT_ZERO_STAGE
     deepspeed_config: str = ""
 
-    def validate(self) -> None:
-        """The rules `submit` applies to the same parameters (``param_option.VALUE_RULES``)."""
+    def validate(self, world_size: int | None = None) -> None:
+        """The rules `submit` applies to the same parameters (``param_option.VALUE_RULES``);
+        with the job's ``world_size`` (nodes x processes per node), a DeepSpeed config's batch
+        sizes are checked against it too, as the trainer checks them on each node."""
         if not self.data_dir:
             raise InvalidInput(
                 "data", "is empty", "give the dataset folder written by the prep step"
             )
         rules.one_of(self.strategy, "strategy", STRATEGIES, STRATEGY_FIX)
         rules.one_of(self.zero_stage, "zero_stage", ZERO_STAGES, "use 1, 2 or 3")
+        if self.strategy == "deepspeed":
+            self.validate_deepspeed(world_size)
         # Checked here, not first in every node of a job that was already created.
         rules.model_spec(self.model, "model")
         self.validate_locations()
@@ -111,6 +117,24 @@ class TrainingOptions:
             self.keep_checkpoints, "keep_checkpoints", 0, fix="pass 0 to keep all, or N"
         )
         rules.positive_number(self.lr, "lr")
+
+    def validate_deepspeed(self, world_size: int | None) -> None:
+        """A config that is no DeepSpeed config for our trainer, or batch sizes that do not
+        multiply up to its train_batch_size on ``world_size`` processes; a checkpoint folder
+        DeepSpeed cannot write (object storage)."""
+        if self.checkpoint_dir:
+            refuse_object_storage_for_deepspeed(self.checkpoint_dir, "checkpoint_dir")
+        if not self.deepspeed_config:
+            return
+        config = deepspeed_config.load_config(self.deepspeed_config, "deepspeed_config")
+        if world_size is not None:
+            deepspeed_config.batch_settings(
+                config,
+                batch_size=self.batch_size,
+                grad_accum_steps=1,  # the trainer's default: the launch step does not set it
+                world_size=world_size,
+                field="deepspeed_config",
+            )
 
     def validate_locations(self) -> None:
         """What a user's program is given (``KUBETRAIN_DATA_DIR``, ``KUBETRAIN_CHECKPOINT_DIR``):
@@ -247,7 +271,8 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
         print(f"kubetrain: warning: {terminal_text(mismatch)}", file=sys.stderr)
     if request.runs_our_trainer:
-        training.validate()
+        nodes = request.nodes if isinstance(request.nodes, int) and request.nodes > 0 else None
+        training.validate(world_size=nodes and nodes * procs_per_node)  # bad nodes: spec's line
     else:
         training.validate_locations()
     data_dir, stage_from, stage_to = "", "", ""
@@ -271,6 +296,14 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     checkpoint_dir = _location_for_nodes(checkpoint_dir, "checkpoint_dir", backend)
     if request.runs_our_trainer:
         command = MPI_TRAINER_COMMAND if request.launcher == "mpi" else TRAINER_COMMAND
+        if training.strategy == "deepspeed":
+            # where the checkpoints go unless given (storage_url) is known only now
+            refuse_object_storage_for_deepspeed(checkpoint_dir, "checkpoint_dir")
+            # a file here is not in the nodes: they get its text
+            ds_config = deepspeed_config.config_for_nodes(
+                training.deepspeed_config, "deepspeed_config"
+            )
+            training = replace(training, deepspeed_config=ds_config)
         args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
     # A user's program runs in its checkpoint folder, so one that saves into its working
     # directory saves where collect reads (an object-storage URL is no folder to run in).

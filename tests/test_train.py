@@ -26,7 +26,7 @@ from kubetrain.errors import InvalidInput
 from kubetrain.train.__main__ import main
 from kubetrain.train.data import BatchDataset, TensorBatches, eval_batches, load_data
 from kubetrain.train.distributed import Runtime
-from kubetrain.train.loop import train_epoch
+from kubetrain.train.loop import TorchUpdates, train_epoch
 from kubetrain.train.progress import SilentReporter
 
 EPOCH_LINE = re.compile(
@@ -262,6 +262,27 @@ def test_bad_option_exits_nonzero_with_one_line(digits_dir: Path, tmp_path: Path
         (["--epochs", "ten"], "--epochs"),
         (["--tensorboard-dir", "s3://bucket/events"], "--tensorboard-dir"),
         (["--tensorboard-dir", __file__], "--tensorboard-dir"),
+        (["--strategy", "deepspeed", "--zero-stage", "4"], "--zero-stage"),
+        (["--zero-stage", "3"], "--zero-stage"),  # strategy ddp
+        (["--strategy", "fsdp", "--deepspeed-config", "{}"], "--deepspeed-config"),
+        (["--strategy", "deepspeed", "--deepspeed-config", "/no/ds.json"], "--deepspeed-config"),
+        (["--strategy", "deepspeed", "--deepspeed-config", "{"], "--deepspeed-config"),
+        (["--strategy", "deepspeed", "--deepspeed-config", "[1]"], "--deepspeed-config"),
+        (
+            ["--strategy", "deepspeed", "--deepspeed-config", '{"zero_optimization":{"stage":0}}'],
+            "--deepspeed-config",
+        ),
+        (
+            [
+                "--strategy",
+                "deepspeed",
+                "--deepspeed-config",
+                '{"train_batch_size":33,'
+                '"train_micro_batch_size_per_gpu":8,"gradient_accumulation_steps":2}',
+            ],
+            "--deepspeed-config",
+        ),
+        (["--strategy", "deepspeed", "--checkpoint-dir", "memory://b/ckpt"], "--checkpoint-dir"),
     ],
 )
 def test_bad_options_name_the_option(
@@ -303,17 +324,23 @@ def test_gradient_accumulation_equals_one_large_batch() -> None:
     large = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 64, 32)]
     accumulated, opt_a = _sgd_copy()
     direct, opt_d = _sgd_copy()
-    common = {"runtime": CPU, "clip_grad_norm": 0.5, "reporter": SilentReporter()}
+    common = {"runtime": CPU, "reporter": SilentReporter()}
 
-    stats_a = train_epoch(accumulated, opt_a, small, num_batches=8, grad_accum_steps=4, **common)
-    stats_d = train_epoch(direct, opt_d, large, num_batches=2, grad_accum_steps=1, **common)
+    stats_a = train_epoch(
+        TorchUpdates(accumulated, opt_a, 0.5), small, num_batches=8, grad_accum_steps=4, **common
+    )
+    stats_d = train_epoch(
+        TorchUpdates(direct, opt_d, 0.5), large, num_batches=2, grad_accum_steps=1, **common
+    )
 
     assert stats_a.steps == stats_d.steps == 2
     assert stats_a.samples == stats_d.samples == 64
     for a, d in zip(accumulated.parameters(), direct.parameters(), strict=True):
         torch.testing.assert_close(a, d, atol=1e-6, rtol=1e-5)
     uneven, opt_u = _sgd_copy()
-    stats_u = train_epoch(uneven, opt_u, small[:7], num_batches=7, grad_accum_steps=4, **common)
+    stats_u = train_epoch(
+        TorchUpdates(uneven, opt_u, 0.5), small[:7], num_batches=7, grad_accum_steps=4, **common
+    )
     assert stats_u.steps == 2  # 4 + 3 micro-batches: the short tail still steps
     # the manifest's per-step history: each step's mean loss over its own micro-batches
     assert [step.samples for step in stats_u.per_step] == [32, 24]

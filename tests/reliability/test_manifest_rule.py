@@ -66,17 +66,31 @@ def write_checkpoint(ckpt_dir: Path, strategy: str, spec: str = "mlp") -> Path:
     return ckpt_dir
 
 
+def write_deepspeed_checkpoint(ckpt_dir: Path, data: Path, run_python) -> Path:
+    """A real one-epoch ZeRO-2 checkpoint of the digits mlp, as the trainer writes it (only a
+    DeepSpeed engine saves one)."""
+    argv = ["-m", "kubetrain.train", "--data", data, "--checkpoint-dir", ckpt_dir,
+            "--strategy", "deepspeed", "--epochs", "1", "--tensorboard-dir", ""]  # fmt: skip
+    result = run_python([str(arg) for arg in argv], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return ckpt_dir
+
+
 @pytest.fixture(scope="module")
-def origin(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> dict[str, Path]:
-    """What the readers read, made once: a ddp and an fsdp checkpoint folder, a collected model
-    with a torch-export program (so with export.json) and the digits dataset."""
+def origin(
+    tmp_path_factory: pytest.TempPathFactory, digits_dir: Path, run_python
+) -> dict[str, Path]:
+    """What the readers read, made once: a checkpoint folder of each strategy, a collected
+    model with a torch-export program (so with export.json) and the digits dataset."""
     root = tmp_path_factory.mktemp("origin")
     for strategy in STRATEGIES:
-        write_checkpoint(root / f"ckpt-{strategy}", strategy)
+        if strategy == "deepspeed":
+            write_deepspeed_checkpoint(root / f"ckpt-{strategy}", digits_dir, run_python)
+        else:
+            write_checkpoint(root / f"ckpt-{strategy}", strategy)
     collect_checkpoint(str(root / "ckpt-ddp"), str(root / "model"), "torch-export")
     return {
-        "ckpt-ddp": root / "ckpt-ddp",
-        "ckpt-fsdp": root / "ckpt-fsdp",
+        **{f"ckpt-{strategy}": root / f"ckpt-{strategy}" for strategy in STRATEGIES},
         "model": root / "model",
         "data": digits_dir,
     }
@@ -200,9 +214,13 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def train(capsys: pytest.CaptureFixture[str], data: Path, ckpt_dir: Path) -> tuple[int, str]:
+def train(
+    capsys: pytest.CaptureFixture[str], data: Path, ckpt_dir: Path, strategy: str = "ddp"
+) -> tuple[int, str]:
+    """The trainer resuming (a deepspeed checkpoint with strategy deepspeed, the one that may)."""
     capsys.readouterr()
     argv = ["--data", data, "--checkpoint-dir", ckpt_dir, "--epochs", "2", "--device", "cpu"]
+    argv += ["--strategy", "deepspeed" if strategy == "deepspeed" else "ddp"]
     code = train_main([str(arg) for arg in argv])
     return code, capsys.readouterr().err
 
@@ -237,7 +255,9 @@ READERS = [
         Reader(
             f"checkpoint manifest via resume ({strategy})", {"ckpt": f"ckpt-{strategy}"}, CKPT,
             "manifest.json", put_checkpoint_file,
-            lambda ws, capsys, o: train(capsys, o["data"], ws / "ckpt"),
+            lambda ws, capsys, o, written_by=strategy: train(
+                capsys, o["data"], ws / "ckpt", written_by
+            ),
         )  # fmt: skip
         for strategy in STRATEGIES
     ),
@@ -371,6 +391,7 @@ def test_the_readers_accept_their_records_as_written(
     code, err = cli(capsys, "collect", "--checkpoint-dir", ws / "ckpt-fsdp", "--output", ws / "c")
     assert code == 0, err
     checkpoint.load_model(ws / "ckpt-fsdp" / "epoch-000001")
+    checkpoint.verify_checkpoint(origin["ckpt-deepspeed"] / "epoch-000001")
     datasets.load_split(ws / "data", "test")
     export.verify_export(ws / "model")
     code, err = cli(

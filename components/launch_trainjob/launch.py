@@ -249,6 +249,9 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
 
 def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> LaunchPlan:
     """The job ``request`` describes on ``backend``: validated, nothing created."""
+    from kubetrain.render import refuse_mpi_launcher
+
+    refuse_mpi_launcher(request, backend)  # before a cluster is read or a dataset staged
     name = resolve_job_name(request.name, request.run_name)
     shared = request.shared_volume if backend != "local" else None
     volumes = (*request.volumes, shared) if shared is not None else request.volumes

@@ -33,6 +33,7 @@ from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import (
     DATASET_INITIALIZER_JOB,
     MODEL_INITIALIZER_JOB,
+    MPI_RUNTIME,
     NODE_JOB,
     TrainJobSpec,
 )
@@ -262,10 +263,33 @@ def check_runtime(
         raise InvalidInput(
             "runtime", f"there is no {runtime.kind} named {runtime.name!r}{where}", fix
         ) from None
+    check_launcher_policy(found, spec)
     check_initializers(found, spec)
     rules.jobset_pod_names(spec.name, runtime_replicated_jobs(found, spec), "name")
     check_restarts(found, spec, warn)
     return found
+
+
+def check_launcher_policy(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
+    """The runtime's ML policy runs the spec's launcher: the torch plugin sets the PET_* env a
+    torchrun command reads, the MPI plugin the hostfile, ssh keys and launcher job mpirun needs
+    (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainingruntime_types.go`` MLPolicySource: one
+    of torch, mpi). The other way round the job starts and fails on every node."""
+    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    has_mpi = isinstance(policy, dict) and "mpi" in policy
+    if spec.launcher == "mpi" and not has_mpi:
+        raise InvalidInput(
+            "runtime",
+            f"{spec.runtime.name} has no mlPolicy.mpi, which --launcher mpi needs",
+            f"use --runtime {MPI_RUNTIME} (ours: `{RUNTIMES_INSTALL}`) or another MPI runtime",
+        )
+    if spec.launcher != "mpi" and has_mpi:
+        raise InvalidInput(
+            "runtime",
+            f"{spec.runtime.name} is an MPI runtime (mlPolicy.mpi), which sets no PET_* env "
+            "for torchrun",
+            "add --launcher mpi, or use a torch runtime such as torch-ddp-cpu",
+        )
 
 
 def _replicated_jobs(runtime: dict[str, Any]) -> list[dict[str, Any]]:

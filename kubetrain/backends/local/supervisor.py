@@ -21,15 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-from kubetrain.backends import owned_processes
+from kubetrain.backends import mpirun_report, owned_processes
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING, JobStatus, NodeStatus
+from kubetrain.backends.local import mpirun
 from kubetrain.backends.local.env_references import expand_all
 from kubetrain.backends.local.files import node_log, read_record, read_status, write_status
 from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.names import JOB_NAME_ENV
-from kubetrain.train.options import TRAINER_COMMAND
+from kubetrain.train.options import MPI_TRAINER_COMMAND, TRAINER_COMMAND
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -52,11 +53,14 @@ def program_path() -> str:
 
 
 def with_our_interpreter(program: list[str]) -> list[str]:
-    """Our trainer (``TRAINER_COMMAND``) started by this interpreter's torchrun, by path: the
-    caller's PATH may hold another torchrun (a venv without kubetrain) or none, and on a
-    cluster the image's is kubetrain's. Any other program is left to PATH."""
+    """Our trainer (``TRAINER_COMMAND``) started by this interpreter's torchrun, by path, and
+    one rank of it under mpi (``MPI_TRAINER_COMMAND``) by this interpreter: the caller's PATH
+    may hold another torchrun or python (a venv without kubetrain) or none, and on a cluster
+    the image's is kubetrain's. Any other program is left to PATH."""
     if tuple(program[: len(TRAINER_COMMAND)]) == TRAINER_COMMAND:
         return [sys.executable, "-m", "torch.distributed.run", *program[1:]]
+    if tuple(program[: len(MPI_TRAINER_COMMAND)]) == MPI_TRAINER_COMMAND:
+        return [sys.executable, *program[1:]]
     return program
 
 
@@ -72,9 +76,9 @@ def core_share(spec: TrainJobSpec) -> str:
     return str(max(1, (cores or 1) // (spec.num_nodes * spec.procs_per_node)))
 
 
-def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
-    """The environment of one node: its core share (unless set), ours, the spec's, then
-    exactly the Trainer's PET_* set, and the job's identity (``processes``)."""
+def base_env(spec: TrainJobSpec) -> dict[str, str]:
+    """What every process of the job gets: its core share (unless set), ours, the spec's, and
+    the job's identity (``processes``)."""
     return {
         "OMP_NUM_THREADS": core_share(spec),
         **os.environ,
@@ -83,12 +87,39 @@ def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
         JOB_NAME_ENV: spec.name,
         **spec.env,
         JOB_ID_ENV: os.environ[JOB_ID_ENV],
+    }
+
+
+def node_env(spec: TrainJobSpec, rank: int, master_port: int) -> dict[str, str]:
+    """The environment of one torchrun node: ``base_env`` and exactly the Trainer's PET_*."""
+    return {
+        **base_env(spec),
         "PET_NNODES": str(spec.num_nodes),
         "PET_NPROC_PER_NODE": str(spec.procs_per_node),
         "PET_NODE_RANK": str(rank),
         "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": str(master_port),
     }
+
+
+def launches(job_dir: Path, spec: TrainJobSpec) -> list[tuple[list[str], dict[str, str]]]:
+    """(command, env) of each process the supervisor starts, one per node for torchrun (the
+    job's command with the PET_* env, a fresh port each attempt, as new pods get); for mpi,
+    one: the launcher's mpirun over this machine's hostfile (``mpirun``), whose output is
+    every rank's, as the launcher pod's log is. The program's `$(VAR)`s are expanded."""
+    program = with_our_interpreter([*spec.command, *spec.args])
+    if spec.launcher == "mpi":
+        hostfile = job_dir / mpirun.HOSTFILE
+        hostfile.write_text(mpirun.hostfile_text(spec))
+        env = {**base_env(spec), **mpirun.launcher_env(hostfile, spec)}
+        launcher = mpirun.mpirun_path()
+        if launcher is None:  # launch checked it; removed since
+            raise OSError(f"mpirun is not installed: {mpirun.MISSING_MPIRUN_FIX}")
+        command = mpirun.launcher_command(launcher, hostfile, spec, expand_all(program, env))
+        return [(command, env)]
+    port = free_port()
+    envs = [node_env(spec, rank, port) for rank in range(spec.num_nodes)]
+    return [(expand_all(program, env), env) for env in envs]
 
 
 def stop_nodes(processes: list[subprocess.Popen]) -> list[int]:
@@ -116,7 +147,7 @@ def supervise(job_dir: Path) -> JobStatus:
     owned_processes.become_owner()
 
     while True:
-        attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(spec.num_nodes)]
+        attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(log_count(spec))]
         processes = start_nodes(job_dir, spec, record["cwd"], status)
         if status.state == FAILED:
             return status
@@ -128,12 +159,16 @@ def supervise(job_dir: Path) -> JobStatus:
         stop_nodes(processes)
         record_exit_codes(status, processes)
         if reason == "NodeFailed":
-            message = name_failing_rank(job_dir, status, attempt_starts) or message
+            message = (
+                name_failing_mpi_rank(job_dir, status, attempt_starts[0], spec.procs_per_node)
+                if spec.launcher == "mpi"
+                else name_failing_rank(job_dir, status, attempt_starts)
+            ) or message
         if reason == "NodeFailed" and status.restarts < spec.max_restarts:
             # JobSet's failurePolicy: every node starts again (a torch job cannot go on with
             # one rank replaced); the trainer resumes from the newest checkpoint.
             status.restarts += 1
-            for rank in range(spec.num_nodes):
+            for rank in range(log_count(spec)):
                 with open(node_log(job_dir, rank), "a") as log:
                     log.write(
                         f"kubetrain: {message}; restart {status.restarts} of "
@@ -141,6 +176,11 @@ def supervise(job_dir: Path) -> JobStatus:
                     )
             continue
         return finish(job_dir, status, FAILED, reason, message)
+
+
+def log_count(spec: TrainJobSpec) -> int:
+    """The processes the supervisor starts, each with its log: the nodes, or mpi's launcher."""
+    return 1 if spec.launcher == "mpi" else spec.num_nodes
 
 
 def log_size(path: Path) -> int:
@@ -183,26 +223,48 @@ def name_failing_rank(job_dir: Path, status: JobStatus, attempt_starts: list[int
     return f"node {status.failed_rank} {describe_code(code)}{where}{failure.describe()}"
 
 
+def name_failing_mpi_rank(
+    job_dir: Path, status: JobStatus, attempt_start: int, procs_per_node: int
+) -> str:
+    """The failure message of an mpi job, naming the rank mpirun reports failed first in this
+    attempt's launcher log (``mpirun_report``), e.g. "launcher exited with code 1: rank 2
+    (node 1) exited with code 1"; "" when it names none (every rank ended by itself, or
+    mpirun itself failed: its own message is in the log)."""
+    path = node_log(job_dir, 0)
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(attempt_start, log_size(path) - TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""  # best effort: the failure is reported all the same
+    found = mpirun_report.first_failure(lines, procs_per_node)
+    launcher = status.nodes[0] if status.nodes else None
+    if found is None or launcher is None or launcher.exit_code is None:
+        return ""
+    return f"launcher {describe_code(launcher.exit_code)}: {found.describe()}"
+
+
 def start_nodes(
     job_dir: Path, spec: TrainJobSpec, cwd: str, status: JobStatus
 ) -> list[subprocess.Popen]:
-    """Start every node (a fresh port each attempt, as new pods get); on a start error the
-    job is recorded Failed and the nodes already started are stopped."""
-    port = free_port()
+    """Start every process of the job (``launches``); on a start error the job is recorded
+    Failed and the processes already started are stopped."""
     processes: list[subprocess.Popen] = []
-    program = with_our_interpreter([*spec.command, *spec.args])
     # The nodes run in the job's folder; launch gave the program file it names in the launch
     # folder (`torchrun train.py`) by its path, and its arguments as they were typed.
     run_in = spec.working_dir or cwd
-    for rank in range(spec.num_nodes):
-        env = node_env(spec, rank, port)
-        with open(node_log(job_dir, rank), "ab") as log:
-            try:
-                if spec.working_dir:
-                    Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        planned = launches(job_dir, spec)
+    except OSError as exc:
+        return start_failed(job_dir, spec, status, processes, exc)
+    for rank, (command, env) in enumerate(planned):
+        try:
+            if spec.working_dir:
+                Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
+            with open(node_log(job_dir, rank), "ab") as log:
                 processes.append(
                     owned_processes.start(
-                        expand_all(program, env),
+                        command,
                         env=env,
                         cwd=run_in,
                         stdin=subprocess.DEVNULL,
@@ -210,18 +272,8 @@ def start_nodes(
                         stderr=subprocess.STDOUT,
                     )
                 )
-            except OSError as exc:
-                log.write(f"cannot start {spec.command[0]}: {exc}\n".encode())
-                stop_nodes(processes)
-                status.failed_rank = rank
-                finish(
-                    job_dir,
-                    status,
-                    FAILED,
-                    "StartError",
-                    f"node {rank} could not start {spec.command[0]}: {exc}",
-                )
-                return processes
+        except OSError as exc:
+            return start_failed(job_dir, spec, status, processes, exc)
     status.state, status.failed_rank = RUNNING, None
     status.started_at = status.started_at or time.time()
     status.nodes = [
@@ -229,6 +281,27 @@ def start_nodes(
         for r, p in enumerate(processes)
     ]
     write_status(job_dir, status)
+    return processes
+
+
+def start_failed(
+    job_dir: Path,
+    spec: TrainJobSpec,
+    status: JobStatus,
+    processes: list[subprocess.Popen],
+    error: OSError,
+) -> list[subprocess.Popen]:
+    """Record the job Failed (StartError) for the process that could not start, said in its
+    log too, and stop the ones already started."""
+    rank = len(processes)
+    with open(node_log(job_dir, rank), "ab") as log:
+        log.write(f"cannot start {spec.command[0]}: {error}\n".encode())
+    stop_nodes(processes)
+    status.failed_rank = rank
+    finish(
+        job_dir, status, FAILED, "StartError", f"node {rank} could not start "
+        f"{spec.command[0]}: {error}"
+    )  # fmt: skip
     return processes
 
 

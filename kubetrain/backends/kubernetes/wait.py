@@ -8,6 +8,16 @@ then the wait ends early with that problem, which the backend explains (the pod'
 acts on. The failing node's exit code comes from its container's termination as the pod watch
 saw it, even if the pod is gone later.
 
+A TrainJob on an MPI runtime (``mlPolicy.mpi``: kubeflow/trainer v2.3.0 ``pkg/runtime/
+framework/plugins/mpi/mpi.go``) is followed through its launcher: the trainer runs there
+(``mpirun``, every rank's output in its log) and the job ends when it does (the runtime's
+``successPolicy`` targets it; ``plugins/jobset/jobset.go`` ``Status`` copies the JobSet's
+condition), while its ``node`` pods only run sshd. So the launcher's pod is the job's one node
+for its state, exit code, restarts and log (its failure names the rank mpirun reports,
+``mpirun_report``); the node pods are still looked at for problems (one that cannot start keeps
+the launcher from ever being made: JobSet's ``dependsOn``). The runtime, read once the job is
+known, says which: until then no pod is taken for the job's.
+
 A session holds a ``WaitContext`` (the API objects, the job kind, namespace and the wait's
 settings), not the backend: the backend uses this module, so this module does not use it back.
 """
@@ -66,6 +76,7 @@ from kubetrain.backends.kubernetes.pods import (
     terminated,
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
+from kubetrain.backends.mpirun_report import first_failure as first_mpirun_failure
 from kubetrain.backends.torchrun_report import first_failure as first_rank_failure
 from kubetrain.errors import KubetrainError
 
@@ -87,7 +98,10 @@ JOB_COUNTED_PHASES = ("Running", "Pending")
 NO_PODS_GRACE_SECONDS = 120.0
 #: How often the job's events are read again while it still has no pod.
 NO_PODS_RECHECK_SECONDS = 10.0
-JOB, PODS = "job", "pods"
+JOB, PODS, LAUNCHER_PODS = "job", "pods", "launcher-pods"
+#: The replicated job that runs mpirun under an MPI runtime (trainer v2.3.0
+#: pkg/constants/constants.go ``Launcher``).
+LAUNCHER = "launcher"
 #: Lines read from the end of a failed node's log to name the rank that failed first (the
 #: rank's ``[rankN]:`` traceback comes ~50 lines before the end of torchrun's report), and
 #: how many failed nodes' logs are read for it (one request each).
@@ -179,7 +193,14 @@ class WaitSession:
         self.job: dict[str, Any] | None = None
         self.job_seen = False
         self.job_deleted = False
+        #: The pods whose state is the job's (its node pods, or an MPI job's launcher), and,
+        #: as the watches last saw them, the node pods and the launcher pods.
         self.pods: dict[str, V1Pod] = {}
+        self.node_pods: dict[str, V1Pod] = {}
+        self.launcher_pods: dict[str, V1Pod] = {}
+        #: Whether the job is an MPI TrainJob (followed through its launcher); None until its
+        #: runtime is known.
+        self.mpi: bool | None = None if context.kind.backend == "trainer" else False
         self.failure: tuple[int, int] | None = None  # (node, exit code) of the first failure
         self.problem_since: dict[tuple[str, str], float] = {}
         #: Since when the job has had no pod at all (None once it has one), and when its
@@ -259,17 +280,22 @@ class WaitSession:
             field_selector=f"metadata.name={self.name}",
         )
 
-    def _pod_watcher(self) -> ListWatcher:
+    def _pod_watcher(self, source: str = PODS) -> ListWatcher:
         return ListWatcher(
-            PODS,
+            source,
             self.events,
             Action("watch", "pods", "", namespace=self.namespace),
             self.context.objects.core.list_namespaced_pod,
             self.namespace,
             retry=self.context.objects.retry,
             watch_seconds=self.context.watch_seconds,
-            label_selector=self.kind.pod_selector(self.name),
+            label_selector=self._pod_selector(source),
         )
+
+    def _pod_selector(self, source: str) -> str:
+        if source == LAUNCHER_PODS:
+            return f"{JOBSET_NAME_LABEL}={self.name},{REPLICATED_JOB_LABEL}={LAUNCHER}"
+        return self.kind.pod_selector(self.name)
 
     # ------------------------------------------------------------------------ running
     def run(self) -> WaitResult:
@@ -351,14 +377,31 @@ class WaitSession:
             self.job = message.obj
         self.job_seen = True
         self.job_deleted = self.job is None
+        if self.mpi is None and self.job is not None:
+            self.mpi = "mpi" in ((self._runtime().get("spec") or {}).get("mlPolicy") or {})
+            if self.mpi:
+                watcher = self._pod_watcher(LAUNCHER_PODS)
+                self.watchers.append(watcher)
+                if not self.stopped.is_set():
+                    watcher.start()
+            self._follow_pods()
 
     def _apply_pods(self, message: Snapshot | Change) -> None:
+        pods = self.launcher_pods if message.source == LAUNCHER_PODS else self.node_pods
         if isinstance(message, Snapshot):
-            self.pods = {pod.metadata.uid or pod.metadata.name: pod for pod in message.items}
+            pods.clear()
+            pods.update({pod.metadata.uid or pod.metadata.name: pod for pod in message.items})
         elif message.type == "DELETED":
-            self.pods.pop(message.obj.metadata.uid or message.obj.metadata.name, None)
+            pods.pop(message.obj.metadata.uid or message.obj.metadata.name, None)
         else:
-            self.pods[message.obj.metadata.uid or message.obj.metadata.name] = message.obj
+            pods[message.obj.metadata.uid or message.obj.metadata.name] = message.obj
+        self._follow_pods()
+
+    def _follow_pods(self) -> None:
+        """Take the job's pods (once it is known which) and give the followers theirs."""
+        if self.mpi is None:
+            return
+        self.pods = self.launcher_pods if self.mpi else self.node_pods
         if self.failure is None:
             self.failure = first_failure(self.pods.values())
         latest = latest_by_node(self.pods.values())
@@ -400,7 +443,10 @@ class WaitSession:
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         expired = None
-        for pod in latest_by_node(self.pods.values()).values():
+        watched = list(latest_by_node(self.pods.values()).values())
+        if self.mpi:  # a node pod that cannot start keeps the launcher from being made
+            watched += latest_by_node(self.node_pods.values()).values()
+        for pod in watched:
             problem = diagnose(pod)
             if problem is None:
                 continue
@@ -504,7 +550,9 @@ class WaitSession:
         the wait then waits for the job's own end rather than end it early."""
         policy = (pod.spec.restart_policy if pod.spec else None) or "Always"
         attempt = restart_attempt(pod)
-        pods = [p for p in self.pods.values() if restart_attempt(p) == attempt]
+        launcher = (pod.metadata.labels or {}).get(REPLICATED_JOB_LABEL) == LAUNCHER
+        pool = self.launcher_pods if launcher else self.node_pods
+        pods = [p for p in pool.values() if restart_attempt(p) == attempt]
         if self.kind.backend == "pytorchjob":
             return self._operator_restart(pod, policy, pods)
         limit = self._backoff_limit(pod)
@@ -583,7 +631,7 @@ class WaitSession:
         """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read
         every NO_PODS_RECHECK_SECONDS); without one, it is said once and the wait goes on."""
         _, reason, _ = self.kind.state(self.job or {})
-        if self.pods or reason == "Suspended":
+        if self.node_pods or self.launcher_pods or reason == "Suspended":
             self.no_pods_since = None
             return None
         if self.no_pods_since is None:
@@ -673,11 +721,21 @@ class WaitSession:
         latest = latest_by_node(self.pods.values()).values()
         if latest and all(terminated(pod) for pod in latest):
             return
+        source = LAUNCHER_PODS if self.mpi else PODS
         try:
-            pods = list_job_pods(self.context.objects, self.kind, self.namespace, self.name)
+            if source == PODS:
+                pods = list_job_pods(self.context.objects, self.kind, self.namespace, self.name)
+            else:
+                objects = self.context.objects
+                pods = objects.call(
+                    Action("list", "pods", namespace=self.namespace),
+                    objects.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self._pod_selector(source),
+                ).items
         except KubetrainError:
             return  # best effort: the status is decided already
-        self._apply_pods(Snapshot(PODS, pods))
+        self._apply_pods(Snapshot(source, list(pods)))
 
     def _status(self, state: str, reason: str, message: str) -> JobStatus:
         pods = list(self.pods.values())
@@ -727,10 +785,25 @@ class WaitSession:
             except KubetrainError:
                 continue
             node_logs[index] = list(split_lines([response.data]))
+        if self.mpi:  # the launcher's node: the rank is named in the message
+            index = next(iter(node_logs), 0)
+            launcher = first_mpirun_failure(node_logs.get(index, []), self._procs_per_node())
+            return (index, launcher.describe()) if launcher is not None else None
         found = first_rank_failure(node_logs)
         if found is None or found[1].consequence:
             return None
         return found[0], found[1].describe()
+
+    def _procs_per_node(self) -> int:
+        """An MPI job's slots per host: the TrainJob's numProcPerNode, else its runtime's
+        (``mpi.go`` ``EnforceMLPolicy``); 1 when neither says."""
+        trainer = ((self.job or {}).get("spec") or {}).get("trainer") or {}
+        policy = ((self._runtime().get("spec") or {}).get("mlPolicy") or {}).get("mpi") or {}
+        value = trainer.get("numProcPerNode") or policy.get("numProcPerNode") or 1
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            return 1
 
     def _drain_logs(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

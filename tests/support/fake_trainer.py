@@ -50,6 +50,23 @@ server answers a denial (``kube_api.webhook_denial``) (kubeflow/trainer v2.3.0
 ``ValidateObjects``, ``plugins/jobset/jobset.go`` and ``plugins/torch/torch.go``
 ``Validate``); ``webhook=False`` stands for a cluster whose runtime went away after the
 TrainJob was admitted.
+On a runtime with ``mlPolicy.mpi`` (kubeflow/trainer v2.3.0 ``pkg/runtime/framework/plugins/
+mpi/mpi.go``; ``trainer_build.MpiParts``) the fake builds what the MPI plugin builds: the
+``<job>-mpi-ssh-auth`` Secret (``kubernetes.io/ssh-auth``, immutable, made once) and the
+``<job>-mpi-hostfile`` ConfigMap with its ``slots=`` lines, the OMPI_MCA_* env and volumes on
+the launcher's ``node`` container; the ``node`` job's pods (sshd upstream) are made first and
+show Running and ready, and only then the launcher's pod, as the runtime's ``dependsOn: node
+Ready`` makes JobSet wait (jobset v0.12.0 ``pkg/controllers/depends_on.go``). The launcher is
+the run's one rank pod: its command ``mpirun [options] PROGRAM`` (``mpirun_program``) becomes a
+local job with ``launcher="mpi"`` over the hostfile's hosts and slots, run for real by the
+local backend's mpirun, whose output is the launcher pod's log and whose exit code is its
+container's; restarts follow the launcher's Job and JobSet as above. The job ends when the
+launcher does (the runtime's ``successPolicy`` targets the launcher), and JobSet then deletes
+the node pods still running (``jobset_controller.go`` ``Reconcile``: a finished JobSet deletes
+its active Jobs). The webhook refuses the reserved OpenMPI variables (``mpi.go``
+``Validate``, ``MPIReservedEnvNames``). Not modelled: sshd and ssh itself (the ranks all run
+on this machine), the Secret's keys being used, a runtime whose launcher is not a node of
+its own.
 From an Indexed Job, the ``node`` container gives command and args, and its env
 ``PET_NNODES``/``PET_NPROC_PER_NODE`` the topology. In both, ``PET_NODE_RANK``,
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` are replaced by the local ones.
@@ -64,6 +81,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kmock
+
 from kubetrain.backends.base import COMPLETE, FAILED, RUNNING
 from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.backends.local.files import node_log
@@ -77,6 +96,9 @@ from tests.support.trainer_build import BuildError, TrainerPods
 
 POLL_SECONDS = 0.05
 TRAINJOBS, JOBS = "trainjobs", "jobs"
+#: Core Secrets, which the MPI plugin makes; the emulator's built-in resources lack them, so
+#: the fake registers them on start (their place is kube_api.BUILTIN_RESOURCES).
+SECRETS = kmock.resource("", "v1", "secrets")
 #: The env the torch plugin sets and a TrainJob may not (kubeflow/trainer v2.3.0
 #: pkg/constants/constants.go TorchRunReservedEnvNames ~300); the local run sets its own, and any
 #: other PET_* (PET_MAX_RESTARTS, PET_RDZV_*) reaches torchrun as the pod's env would.
@@ -132,6 +154,70 @@ def spec_from_trainjob(obj: dict[str, Any], pods: TrainerPods, pod: dict[str, An
         env={k: v for k, v in env.items() if k not in TORCH_RESERVED_ENV},
         num_nodes=pods.num_nodes,
         procs_per_node=_count(pods.procs_per_node),
+    )
+
+
+#: mpirun's options the translation knows, with how many values each takes (Open MPI 5
+#: ``mpirun --help``); any other is not modelled and fails the translation.
+MPIRUN_OPTIONS = {
+    **dict.fromkeys(("--hostfile", "-hostfile", "--machinefile", "-machinefile"), 1),
+    **dict.fromkeys(("-np", "-n", "--np", "--n", "-c"), 1),
+    **dict.fromkeys(("--bind-to", "--map-by", "--rank-by", "-x"), 1),
+    **dict.fromkeys(("--mca", "-mca"), 2),
+    **dict.fromkeys(
+        ("--allow-run-as-root", "--oversubscribe", "--tag-output", "--report-bindings"), 0
+    ),
+}
+
+
+def mpirun_program(line: list[str]) -> tuple[list[str], int | None, dict[str, str]]:
+    """(one rank's program, -np or None, env its -x NAME=VALUE and --mca give) of the
+    launcher's ``mpirun [options] PROGRAM...``; ValueError for anything else."""
+    if not line or Path(line[0]).name not in ("mpirun", "mpiexec"):
+        raise ValueError(f"the launcher runs {line[:1]}, not mpirun")
+    position, np, env = 1, None, {}
+    while position < len(line) and line[position].startswith("-"):
+        option = line[position]
+        if option not in MPIRUN_OPTIONS:
+            raise ValueError(f"mpirun option {option} is not modelled")
+        values = line[position + 1 : position + 1 + MPIRUN_OPTIONS[option]]
+        if option in ("-np", "-n", "--np", "--n", "-c"):
+            np = int(values[0])
+        elif option == "-x" and "=" in values[0]:
+            name, _, value = values[0].partition("=")
+            env[name] = value
+        elif option in ("--mca", "-mca"):
+            env[f"OMPI_MCA_{values[0]}"] = values[1]
+        position += 1 + MPIRUN_OPTIONS[option]
+    if position == len(line):
+        raise ValueError("mpirun is given no program")
+    return line[position:], np, env
+
+
+def spec_from_mpi_trainjob(
+    obj: dict[str, Any], pods: TrainerPods, launcher: dict[str, Any]
+) -> TrainJobSpec:
+    """The local run of an MPI TrainJob's launcher: its mpirun's program as the local
+    backend's ``launcher="mpi"`` job over the hostfile's hosts (nodes) and slots."""
+    assert pods.mpi is not None
+    container = pods.container
+    env = _resolved_env(container, launcher)
+    line = [trainer_build.expand(a, env) for a in (container.get("command") or ())]
+    line += [trainer_build.expand(a, env) for a in (container.get("args") or ())]
+    program, np, mpirun_env = mpirun_program(line)
+    hosts, slots = len(pods.mpi.hosts), pods.mpi.slots
+    if np is not None and np != hosts * slots:
+        raise NotImplementedError(
+            f"fake Trainer: mpirun -np {np} on a hostfile of {hosts} x {slots} slots"
+        )
+    env = {**env, **mpirun_env}
+    return TrainJobSpec(
+        name=obj["metadata"]["name"],
+        command=tuple(program),
+        env={k: v for k, v in env.items() if k not in trainer_build.MPI_RESERVED_ENV},
+        num_nodes=hosts,
+        procs_per_node=slots,
+        launcher="mpi",
     )
 
 
@@ -200,6 +286,8 @@ class _Run(threading.Thread):
         self.jobset_restarts = 0
         self.pods_deleted = False
         self.local_runs = 0
+        #: An MPI TrainJob's node pods (``_create_mpi_nodes``), deleted with the others.
+        self.mpi_node_pods: list[str] = []
 
     def run(self) -> None:
         try:
@@ -253,8 +341,43 @@ class _Run(threading.Thread):
                 self._create_pod(rank, image)
             return spec, image
         image = self.built.container.get("image", objects.DEFAULT_IMAGE)
+        if self.built.mpi is not None:
+            self._create_mpi_nodes()  # dependsOn: the launcher comes once they are ready
         created = [self._create_pod(rank, image) for rank in range(self.built.num_nodes)]
+        if self.built.mpi is not None:
+            return spec_from_mpi_trainjob(self.obj, self.built, created[0]), image
         return spec_from_trainjob(self.obj, self.built, created[0]), image
+
+    def _create_mpi_nodes(self) -> None:
+        """The MPI plugin's Secret (once: it is immutable) and hostfile ConfigMap, then the
+        node job's pods, Running and ready (their sshd is not run here)."""
+        mpi = self.built.mpi
+        for resource, body in ((SECRETS, mpi.secret), ("configmaps", mpi.config_map)):
+            if self.emulator.get(resource, body["metadata"]["name"], self.namespace) is None:
+                self.emulator.create(resource, body, self.namespace)
+        container = next(c for c in mpi.node_pod_spec["containers"] if c["name"] == "node")
+        image = container.get("image", objects.DEFAULT_IMAGE)
+        for index in range(mpi.node_count):
+            pod = objects.node_pod(
+                self.name,
+                index,
+                namespace=self.namespace,
+                image=image,
+                owner=self.obj,
+                pod_spec=mpi.node_pod_spec,
+                pod_labels=mpi.node_pod_labels,
+                replicated_job=trainer_build.NODE,
+                restart_attempt=self.jobset_restarts,
+            )
+            name = self.emulator.create_pod(pod)["metadata"]["name"]
+            self.mpi_node_pods.append(name)
+            ready = objects.condition("Ready")
+            status = objects.pod_status(
+                "Running",
+                [objects.container_status(image, objects.running())],
+                [objects.condition("PodScheduled", reason="Scheduled"), ready],
+            )
+            self.emulator.set_pod_status(name, status, self.namespace)
 
     def _run(self) -> None:
         while not self.stopped.is_set():
@@ -380,6 +503,7 @@ class _Run(threading.Thread):
         )
 
     def _delete_pods(self) -> None:
+        self._delete_mpi_nodes()
         for pod in self.pods.values():
             try:
                 self.emulator.delete("pods", pod, self.namespace)
@@ -387,12 +511,21 @@ class _Run(threading.Thread):
                 pass
         self.pods_deleted = True
 
+    def _delete_mpi_nodes(self) -> None:
+        for pod in self.mpi_node_pods:
+            try:
+                self.emulator.delete("pods", pod, self.namespace)
+            except Exception:  # already garbage-collected
+                pass
+        self.mpi_node_pods = []
+
     def _finish(self, status: Any, image: str) -> None:
         codes = _exit_codes(status)
         if not self.pods_deleted:
             for rank, code in codes.items():
                 phase = "Succeeded" if code == 0 else "Failed"
                 self._set_container(rank, image, objects.terminated(code, _reason(code)), phase)
+        self._delete_mpi_nodes()  # the finished JobSet deletes its active Jobs
         if self.plural == TRAINJOBS:
             self.emulator.set_conditions(
                 TRAINJOBS, self.name, [self._trainjob_condition(status)], self.namespace
@@ -490,6 +623,11 @@ class FakeTrainer(FakeController):
                 self._events.put((plural, event)) if plural in (TRAINJOBS, JOBS) else None
             )
         )
+        self.emulator.call(
+            self.emulator.api.resources.setdefault,
+            "v1/secrets",
+            kmock.ResourceInfo(kind="Secret", namespaced=True),
+        )
         if self.webhook:
             self.emulator.call(self.emulator.api.admission.append, self._validate)
         self._thread.start()
@@ -572,6 +710,7 @@ class FakeTrainer(FakeController):
             & TORCH_RESERVED_ENV
         )
         problems = trainer_build.initializer_errors(trainjob, runtime)
+        problems += trainer_build.mpi_errors(trainjob, runtime)
         if problems:
             self._deny(problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]")
         if reserved:

@@ -33,6 +33,12 @@ kubernetes-sigs/jobset tag v0.12.0):
   and the Job's ``backoffLimit`` is 6 when the runtime sets none (kubernetes
   ``pkg/apis/batch/v1/defaults.go`` ``SetDefaults_Job``); the JobSet's ``failurePolicy`` is the
   runtime's (a TrainJob cannot patch it);
+* under ``mlPolicy.mpi`` (``pkg/runtime/framework/plugins/mpi/mpi.go``; ``MpiParts``): the
+  trainer-ancestor job is the launcher, with the runtime's ``mlPolicy.numNodes`` pods (1;
+  ``trainingruntime.go`` ``newRuntimeInfo``), the ``node`` job gets ``numNodes - 1`` (at least
+  1) pods under ``runLauncherAsNode``, else ``numNodes`` (``EnforceMLPolicy``), and its ``node``
+  container the TrainJob's env too under ``runLauncherAsNode`` (``builder.go`` ``Trainer``
+  ~142); see ``MpiParts`` for the rest;
 * a build failure is no condition: the controller emits a Warning event
   ``TrainJobResourcesCreationFailed`` "TrainJob resources reconciliation failed: <error>",
   truncated to 950 characters (``pkg/controller/trainjob_controller.go`` ``Reconcile``).
@@ -40,6 +46,7 @@ kubernetes-sigs/jobset tag v0.12.0):
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import math
@@ -73,8 +80,46 @@ MERGE_KEYS = {
 }
 
 
+#: The MPI plugin's names (kubeflow/trainer v2.3.0 pkg/constants/constants.go ~90-187).
+LAUNCHER = "launcher"
+SSH_AUTH_SUFFIX, SSH_AUTH_VOLUME = "-mpi-ssh-auth", "mpi-ssh-auth"
+HOSTFILE_SUFFIX, HOSTFILE_VOLUME = "-mpi-hostfile", "mpi-hostfile"
+HOSTFILE_DIR, HOSTFILE_NAME = "/etc/mpi", "hostfile"
+SSH_PUBLIC_KEY = "ssh-publickey"
+OPENMPI_ENV_HOSTFILE = "OMPI_MCA_orte_default_hostfile"
+OPENMPI_ENV_KEEP_FQDN = "OMPI_MCA_orte_keep_fqdn_hostnames"
+OPENMPI_ENV_DEFAULT_SLOTS = "OMPI_MCA_orte_set_default_slots"
+OPENMPI_ENV_RSH_ARGS = "OMPI_MCA_plm_rsh_args"
+#: ``MPIReservedEnvNames``: what a TrainJob may not set on an MPI runtime (``Validate``).
+MPI_RESERVED_ENV = frozenset(
+    {OPENMPI_ENV_HOSTFILE, OPENMPI_ENV_KEEP_FQDN, OPENMPI_ENV_DEFAULT_SLOTS, OPENMPI_ENV_RSH_ARGS}
+)
+
+
 class BuildError(Exception):
     """The Trainer could not build the TrainJob's objects: its message is the event's."""
+
+
+@dataclass
+class MpiParts:
+    """What the MPI plugin adds to a TrainJob's JobSet (``mpi.go``): the ``node`` job's pods
+    (``node_count`` of ``node_pod_spec``, sshd in the upstream runtime), the hostfile
+    ``<endpoint> slots=<numProcPerNode>`` lines of the launcher (under ``runLauncherAsNode``)
+    and node pods in the runtime's replicatedJobs order (``buildHostFileConfigMap``,
+    ``isNode``; endpoints ``<job>-<rjob>-0-<i>.<subdomain>``: ``plugins/jobset/jobset.go``
+    ``IdentifyPodNetwork``), its ConfigMap, and the ssh-auth Secret (``buildSSHAuthSecret``)."""
+
+    node_pod_spec: dict[str, Any]
+    node_pod_labels: dict[str, str]
+    node_count: int
+    hosts: list[str]
+    slots: int
+    secret: dict[str, Any]
+    config_map: dict[str, Any]
+
+    @property
+    def hostfile(self) -> str:
+        return self.config_map["data"][HOSTFILE_NAME]
 
 
 @dataclass
@@ -92,6 +137,8 @@ class TrainerPods:
     procs_per_node: str
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     failure_policy: dict[str, Any] | None = None
+    #: The MPI plugin's part (None: not an MPI runtime); then the pods above are the launcher's.
+    mpi: MpiParts | None = None
 
     @property
     def restart_policy(self) -> str:
@@ -288,17 +335,21 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
     )
     ml_policy = runtime["spec"].get("mlPolicy") or {}
     num_nodes = trainer.get("numNodes", ml_policy.get("numNodes", 1))
+    mpi_policy = ml_policy.get("mpi")
     found = None
     for rjob in jobset["replicatedJobs"]:
         labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
         job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
         if labels.get(ANCESTOR_LABEL) == TRAINER_ANCESTOR:
             rjob["replicas"] = 1
-            job_spec["parallelism"] = job_spec["completions"] = num_nodes
+            count = ml_policy.get("numNodes", 1) if mpi_policy is not None else num_nodes
             found = rjob
+        elif mpi_policy is not None and rjob["name"] == NODE and "numNodes" in trainer:
+            launcher_is_node = bool(mpi_policy.get("runLauncherAsNode"))
+            count = max(num_nodes - 1, 1) if launcher_is_node else num_nodes
         else:
             count = job_spec.get("parallelism", 1)
-            job_spec["parallelism"] = job_spec["completions"] = count
+        job_spec["parallelism"] = job_spec["completions"] = count
     if found is None:
         raise BuildError(f"runtime {runtime['metadata']['name']} has no trainer replicated job")
     check_names(trainjob["metadata"]["name"], jobset["replicatedJobs"])
@@ -323,6 +374,11 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
         node["env"] = upsert_env(
             node["env"], pet_env(trainjob["metadata"]["name"], num_nodes, procs)
         )
+    mpi = None
+    if mpi_policy is not None:
+        procs = str(trainer.get("numProcPerNode") or mpi_policy.get("numProcPerNode") or 1)
+        mpi = mpi_parts(trainjob, jobset, mpi_policy, found, pod_spec, int(procs))
+        num_nodes = found["template"]["spec"]["parallelism"]
     return TrainerPods(
         pod_spec=pod_spec,
         pod_labels=dict((pod_template.get("metadata") or {}).get("labels") or {}),
@@ -332,7 +388,170 @@ def build(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> TrainerPo
         procs_per_node=procs,
         backoff_limit=DEFAULT_BACKOFF_LIMIT if backoff_limit is None else backoff_limit,
         failure_policy=copy.deepcopy(jobset.get("failurePolicy")),
+        mpi=mpi,
     )
+
+
+def mpi_parts(
+    trainjob: dict[str, Any],
+    jobset: dict[str, Any],
+    policy: dict[str, Any],
+    launcher: dict[str, Any],
+    launcher_pod_spec: dict[str, Any],
+    slots: int,
+) -> MpiParts:
+    """The MPI plugin's ``EnforceMLPolicy`` on the launcher's pod spec (changed in place) and
+    the node job's, and its ``Build`` (``MpiParts``). Only OpenMPI is implemented upstream
+    ("MPI implementation for %v doesn't supported")."""
+    if policy.get("mpiImplementation", "OpenMPI") != "OpenMPI":
+        raise BuildError(f"MPI implementation for {policy['mpiImplementation']} doesn't supported")
+    job = trainjob["metadata"]["name"]
+    launcher_is_node = bool(policy.get("runLauncherAsNode"))
+    nodes = next((r for r in jobset["replicatedJobs"] if r["name"] == NODE), None)
+    node_template = (nodes or {}).get("template", {}).get("spec", {}).get("template") or {}
+    node_pod_spec = copy.deepcopy(node_template.get("spec") or {})
+    node_pod_spec["restartPolicy"] = node_pod_spec.get("restartPolicy") or DEFAULT_RESTART_POLICY
+    if launcher_is_node:  # builder.go Trainer: the node job's node container gets the env too
+        for container in node_pod_spec.get("containers") or []:
+            if container.get("name") == NODE:
+                container["env"] = upsert_env(
+                    container.get("env") or [],
+                    (trainjob["spec"].get("trainer") or {}).get("env") or [],
+                )
+    ssh_volume = {
+        "name": SSH_AUTH_VOLUME,
+        "secret": {
+            "secretName": f"{job}{SSH_AUTH_SUFFIX}",
+            "defaultMode": 0o400,
+            "items": [
+                {"key": "ssh-privatekey", "path": "id_rsa", "mode": 0o640},
+                {"key": SSH_PUBLIC_KEY, "path": "id_rsa.pub", "mode": 0o644},
+                {"key": SSH_PUBLIC_KEY, "path": "authorized_keys", "mode": 0o644},
+            ],
+        },
+    }
+    hostfile_volume = {
+        "name": HOSTFILE_VOLUME,
+        "configMap": {
+            "name": f"{job}{HOSTFILE_SUFFIX}",
+            "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": 0o444}],
+        },
+    }
+    ssh_mount = {"name": SSH_AUTH_VOLUME, "mountPath": policy.get("sshAuthMountPath", "/root/.ssh")}
+    for spec, is_launcher in ((launcher_pod_spec, True), (node_pod_spec, False)):
+        volumes = [ssh_volume, hostfile_volume] if is_launcher else [ssh_volume]
+        spec["volumes"] = strategic_merge(spec.get("volumes") or [], volumes, "volumes")
+        for container in spec.get("containers") or []:
+            if container.get("name") != NODE:  # the plugin changes node containers only
+                continue
+            mounts = [ssh_mount]
+            if is_launcher:
+                mounts.append({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR})
+                container["env"] = upsert_env(container.get("env") or [], mpi_env(slots))
+            container["volumeMounts"] = strategic_merge(
+                container.get("volumeMounts") or [], mounts, "volumeMounts"
+            )
+    subdomain = (jobset.get("network") or {}).get("subdomain") or job
+    hosts = [
+        f"{job}-{rjob['name']}-0-{index}.{subdomain}"
+        for rjob in jobset["replicatedJobs"]
+        if rjob["name"] == NODE or (launcher_is_node and rjob is launcher)
+        for index in range(rjob["template"]["spec"]["parallelism"])
+    ]
+    owner = {
+        "apiVersion": trainjob["apiVersion"],
+        "kind": "TrainJob",
+        "name": job,
+        "uid": trainjob["metadata"].get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    hostfile = "".join(f"{host} slots={slots}\n" for host in hosts)
+    return MpiParts(
+        node_pod_spec=node_pod_spec,
+        node_pod_labels=dict((node_template.get("metadata") or {}).get("labels") or {}),
+        node_count=nodes["template"]["spec"]["parallelism"] if nodes else 0,
+        hosts=hosts,
+        slots=slots,
+        secret={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{job}{SSH_AUTH_SUFFIX}", "ownerReferences": [owner]},
+            "type": "kubernetes.io/ssh-auth",
+            "immutable": True,
+            "data": ssh_key_pair(),
+        },
+        config_map={
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{job}{HOSTFILE_SUFFIX}", "ownerReferences": [owner]},
+            "data": {HOSTFILE_NAME: hostfile},
+        },
+    )
+
+
+def mpi_env(slots: int) -> list[dict[str, Any]]:
+    """The OpenMPI variables the plugin upserts on the launcher's node container."""
+    return [
+        {"name": OPENMPI_ENV_HOSTFILE, "value": f"{HOSTFILE_DIR}/{HOSTFILE_NAME}"},
+        {"name": OPENMPI_ENV_KEEP_FQDN, "value": "true"},
+        {"name": OPENMPI_ENV_DEFAULT_SLOTS, "value": str(slots)},
+        {"name": OPENMPI_ENV_RSH_ARGS, "value": "-o ConnectionAttempts=10"},
+    ]
+
+
+def ssh_key_pair() -> dict[str, str]:
+    """The Secret's data as ``buildSSHAuthSecret`` makes it: an ECDSA P-521 key, the private
+    one as an "EC PRIVATE KEY" PEM, the public one in authorized_keys form (base64, as Secret
+    data is)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP521R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return {
+        "ssh-privatekey": base64.b64encode(private).decode(),
+        SSH_PUBLIC_KEY: base64.b64encode(public + b"\n").decode(),
+    }
+
+
+def mpi_errors(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
+    """The MPI plugin's ``Validate``: a TrainJob on an MPI runtime may not set the reserved
+    OpenMPI variables, nor ask for 2+ nodes under ``runLauncherAsNode`` from a runtime without
+    both a launcher and a node job."""
+    policy = ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("mpi")
+    if policy is None:
+        return []
+    trainer = (trainjob.get("spec") or {}).get("trainer") or {}
+    errors = []
+    jobs = {
+        rjob.get("name")
+        for rjob in ((runtime["spec"].get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs"
+        )
+        or []
+    }
+    nodes = trainer.get("numNodes", 1)
+    if nodes >= 2 and policy.get("runLauncherAsNode") and not {LAUNCHER, NODE} <= jobs:
+        errors.append(
+            f"spec.trainer.numNodes: Invalid value: {nodes}: must have 1 when MPI "
+            "trainingRuntime with enabled runLauncherAsNode does not have either launcher and "
+            "node"
+        )
+    reserved = sorted({e.get("name") for e in trainer.get("env") or []} & MPI_RESERVED_ENV)
+    if reserved:
+        errors.append(
+            "spec.trainer.env: Invalid value: ...: must not have reserved envs, invalid envs "
+            f"configured: [{' '.join(reserved)}]"
+        )
+    return errors
 
 
 def pet_env(job: str, num_nodes: int, procs: str) -> list[dict[str, Any]]:

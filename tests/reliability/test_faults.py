@@ -205,7 +205,7 @@ def test_four_pipeline_runs_at_once_share_nothing_by_accident(
     command = [sys.executable, "-m", "kubetrain", "run", "--output", str(output)]
     runs = [
         subprocess.Popen(
-            [*command, "--epochs", "2", "--threshold", "0.5", "--seed", str(seed), "--keep-job"],
+            [*command, "--epochs", "1", "--threshold", "0.5", "--seed", str(seed), "--keep-job"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -3,7 +3,7 @@
 # built against it (an sdist: --no-build-isolation, else its build pulls a CUDA torch), then
 # '.[dev]' (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib, and
 # '.[deepspeed]'). DeepSpeed's CPU shared-memory op is built once here (g++ and ninja, ~30 s),
-# into .venv/torch_extensions (conftest.py points the tests there), not in a test.
+# into .venv/torch_extensions with the venv's ninja (conftest.py points the tests at both).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check '$(TORCH)' ninja
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation '$(DEEPSPEED)'
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
-	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions \
+	PATH=$(abspath $(BIN)):$$PATH TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions \
 		$(BIN)/python -c 'from deepspeed.accelerator import get_accelerator as a; \
 		b = a().create_op_builder("ShareMemCommBuilder"); b and b.load(verbose=False)'
 	touch $(STAMP)

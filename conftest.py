@@ -17,8 +17,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent
 # DeepSpeed's JIT-built ops (its CPU shm op) go where `make setup` built them, whatever HOME a
-# test gives the processes it starts; else each new HOME builds them again (~30 s).
+# test gives the processes it starts; else each new HOME builds them again (~30 s). Loading
+# one runs `ninja` from PATH: the venv's, which built it (`make test` does not activate the
+# venv; another ninja version, e.g. Debian's, takes the build for stale and rebuilds it).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
 # Counts the reliability tests and prints the figures the README quotes (`figures` fixture).
 pytest_plugins = ("tests.support.reliability_figures",)
 

@@ -333,7 +333,7 @@ def test_every_spec_field_survives_the_job_record() -> None:
     )
 
     spec = TrainJobSpec(
-        name="every-field", command=("torchrun",), args=("train.py",), image="ghcr.io/a/b:1",
+        name="every-field", command=("python",), args=("train.py",), image="ghcr.io/a/b:1",
         env={"A": "1"}, num_nodes=3, procs_per_node=2,
         resources_per_node=Resources(cpu="2", memory="1Gi", gpu=1),
         runtime=RuntimeRef(name="rt", kind="TrainingRuntime"),
@@ -343,6 +343,7 @@ def test_every_spec_field_survives_the_job_record() -> None:
         service_account="sa", storage_secret="s", suspend=True, max_restarts=2,
         active_deadline_seconds=60, dataset_initializer=Initializer("s3://d", "ds"),
         model_initializer=Initializer("hf://m", "ms"), script="train.py", working_dir="/w",
+        launcher="mpi",
     )  # fmt: skip
     defaults = TrainJobSpec(name="x", command=("y",))
     unset = [

@@ -24,7 +24,7 @@ from kubetrain.backends.local import mpirun
 from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.backends.local.supervisor import with_our_interpreter
 from kubetrain.backends.mpirun_report import first_failure
-from kubetrain.errors import InvalidInput
+from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.jobspec import MPI_RUNTIME, TrainJobSpec
 from tests.shared_material import SHARED, shared_file
 from tests.support import objects, trainer_build
@@ -299,6 +299,11 @@ def test_an_mpi_trainjob_runs_its_launcher_for_real_and_the_wait_follows_it(clus
         line.endswith("rank 1 of 2 slots 1 rsh -o ConnectionAttempts=10") for line in followed
     )
     assert pods_of(cluster, "mpi-ok", "node") == []
+    # Status and logs read the launcher too: its pod is the job's one node.
+    assert [n.exit_code for n in backend.status("mpi-ok").nodes] == [0]
+    assert "rank 1 of 2 slots 1 rsh -o ConnectionAttempts=10" in list(backend.logs("mpi-ok"))
+    with pytest.raises(KubetrainError, match="node 1"):
+        list(backend.logs("mpi-ok", node=1))
 
     failing = mpi_trainjob("mpi-bad", 2, command)
     failing["spec"]["trainer"]["env"] = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,15 +72,16 @@ MPI_DEFAULT_PORT = 29500
 
 
 def _host_address() -> str:
-    """This host's address as DeepSpeed's MPI discovery finds it: the first of ``hostname -I``,
-    else what the host name resolves to."""
+    """This host's address for the other ranks: what its name resolves to (a pod's own IP,
+    from the /etc/hosts entry the kubelet writes). DeepSpeed's MPI discovery runs
+    ``hostname -I`` instead; a process of ours starts no program for it (the process guard),
+    and the name is what the other pods reach it by. Unresolvable: the name itself, so the
+    rendezvous names it in its error."""
+    name = socket.gethostname()
     try:
-        found = subprocess.run(
-            ["hostname", "-I"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        found = []
-    return found[0] if found else socket.gethostbyname(socket.gethostname())
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
 
 
 def discover_mpi_topology() -> bool:

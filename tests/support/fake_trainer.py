@@ -623,11 +623,6 @@ class FakeTrainer(FakeController):
                 self._events.put((plural, event)) if plural in (TRAINJOBS, JOBS) else None
             )
         )
-        self.emulator.call(
-            self.emulator.api.resources.setdefault,
-            "v1/secrets",
-            kmock.ResourceInfo(kind="Secret", namespaced=True),
-        )
         if self.webhook:
             self.emulator.call(self.emulator.api.admission.append, self._validate)
         self._thread.start()

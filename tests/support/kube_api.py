@@ -65,6 +65,8 @@ BUILTIN_RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True),
+    # The Trainer's MPI plugin makes an ssh-auth Secret per TrainJob (fake_trainer).
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
     "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, subresources={"status"}),
     "batch/v1/jobs": kmock.ResourceInfo(kind="Job", namespaced=True, subresources={"status"}),
     "apps/v1/deployments": kmock.ResourceInfo(

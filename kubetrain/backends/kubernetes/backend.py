@@ -51,14 +51,16 @@ from kubetrain.backends.kubernetes.client import (
     pod_namespace,
     resolve_namespace,
 )
-from kubetrain.backends.kubernetes.kinds import KINDS, JobKind
+from kubetrain.backends.kubernetes.kinds import KINDS, JobKind, launcher_pod_selector
 from kubetrain.backends.kubernetes.launch import (
     TrainerNotInstalled,
     TrainingOperatorNotInstalled,
     adopt_or_refuse,
     check_runtime,
     create_or_adopt,
+    is_mpi_runtime,
     node_resources,
+    read_runtime,
     require_pytorchjob_api,
     trainer_version,
 )
@@ -261,9 +263,35 @@ class KubernetesBackend:
             state = RUNNING
         return state, reason, message
 
+    def _job_pods(
+        self, name: str, job: dict[str, Any]
+    ) -> tuple[list[kubernetes.client.V1Pod], int]:
+        """The pods whose state and logs are the job's, and how many nodes they are: an MPI
+        TrainJob's launcher pod is its one node (its ``node`` pods run sshd; wait.py)."""
+        if self.kind.backend == "trainer":
+            ref = (job.get("spec") or {}).get("runtimeRef") or {}
+            try:
+                runtime = read_runtime(
+                    self.objects,
+                    ref.get("kind") or "ClusterTrainingRuntime",
+                    ref.get("name") or "",
+                    self.namespace,
+                )
+            except ApiError:  # unreadable: taken for a torch runtime, as the wait takes it
+                runtime = {}
+            if is_mpi_runtime(runtime):
+                listing = self.objects.call(
+                    Action("list", "pods", namespace=self.namespace),
+                    self.objects.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=launcher_pod_selector(name),
+                )
+                return list(listing.items), 1
+        return self.list_pods(name), _nodes_of(job)
+
     def status(self, name: str) -> JobStatus:
         job = self.get_job(name)
-        pods = self.list_pods(name)
+        pods, _ = self._job_pods(name, job)
         state, reason, message = self._state(job, pods)
         failure = first_failure(pods) if state == FAILED else None
         return JobStatus(
@@ -414,11 +442,13 @@ class KubernetesBackend:
         return list(split_lines([response.data]))
 
     def logs(self, name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
-        check_node(node, self._node_count(name), name)  # reads the job: JobNotFound first
+        job = self.get_job(name)  # JobNotFound first
+        job_pods, nodes_count = self._job_pods(name, job)
+        check_node(node, nodes_count, name)
         if follow:
-            yield from self._follow_logs(name, node)
+            yield from self._follow_logs(name, node, nodes_count)
             return
-        pods = latest_by_node(self.list_pods(name))
+        pods = latest_by_node(job_pods)
         if node is not None and node not in pods:
             raise KubetrainError(
                 f"node {node} of {self.kind.kind} {name} has no pod (yet); wait for it with "
@@ -430,9 +460,9 @@ class KubernetesBackend:
             for line in self.read_log(pods[index].metadata.name):
                 yield f"[node-{index}] {line}" if len(nodes) > 1 else line
 
-    def _follow_logs(self, name: str, node: int | None) -> Iterator[str]:
+    def _follow_logs(self, name: str, node: int | None, nodes_count: int) -> Iterator[str]:
         """Lines of one node (or all, prefixed) as they come, until the job ends."""
-        nodes = (node,) if node is not None else tuple(range(self._node_count(name)))
+        nodes = (node,) if node is not None else tuple(range(nodes_count))
         lines: queue.Queue = queue.Queue()
         done = object()
         session = WaitSession(
@@ -463,9 +493,6 @@ class KubernetesBackend:
             session.stop()
         if errors:
             raise errors[0]
-
-    def _node_count(self, name: str) -> int:
-        return _nodes_of(self.get_job(name))
 
     # -------------------------------------------------------------------------- list
     def list_jobs(self) -> list[JobRow]:

@@ -22,6 +22,16 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 #: The replicated job (and container) of our runtimes that runs the nodes.
 NODE = "node"
+#: The replicated job of an MPI runtime whose pod runs mpirun (trainer v2.3.0
+#: ``pkg/constants/constants.go`` Launcher): an MPI TrainJob's one node as wait, logs and
+#: status follow it (its ``node`` pods run sshd).
+LAUNCHER = "launcher"
+
+
+def launcher_pod_selector(job: str) -> str:
+    return f"{JOBSET_NAME_LABEL}={job},{REPLICATED_JOB_LABEL}={LAUNCHER}"
+
+
 #: Labels (and annotation) the Job controller puts on the pods of a Job.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

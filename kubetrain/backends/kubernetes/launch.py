@@ -270,13 +270,19 @@ def check_runtime(
     return found
 
 
+def is_mpi_runtime(runtime: dict[str, Any]) -> bool:
+    """Whether a runtime's ML policy is MPI (``mlPolicy.mpi``): its TrainJobs run mpirun in
+    a launcher pod."""
+    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    return isinstance(policy, dict) and "mpi" in policy
+
+
 def check_launcher_policy(runtime: dict[str, Any], spec: TrainJobSpec) -> None:
     """The runtime's ML policy runs the spec's launcher: the torch plugin sets the PET_* env a
     torchrun command reads, the MPI plugin the hostfile, ssh keys and launcher job mpirun needs
     (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainingruntime_types.go`` MLPolicySource: one
     of torch, mpi). The other way round the job starts and fails on every node."""
-    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
-    has_mpi = isinstance(policy, dict) and "mpi" in policy
+    has_mpi = is_mpi_runtime(runtime)
     if spec.launcher == "mpi" and not has_mpi:
         raise InvalidInput(
             "runtime",

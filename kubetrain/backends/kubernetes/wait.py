@@ -49,12 +49,15 @@ from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
 from kubetrain.backends.kubernetes.kinds import (
     JOBSET_NAME_LABEL,
+    LAUNCHER,
     REPLICA_TYPE_LABEL,
     REPLICATED_JOB_LABEL,
     JobKind,
+    launcher_pod_selector,
 )
 from kubetrain.backends.kubernetes.launch import (
     is_gang,
+    is_mpi_runtime,
     read_runtime,
     runtime_replicated_job_specs,
 )
@@ -101,7 +104,6 @@ NO_PODS_RECHECK_SECONDS = 10.0
 JOB, PODS, LAUNCHER_PODS = "job", "pods", "launcher-pods"
 #: The replicated job that runs mpirun under an MPI runtime (trainer v2.3.0
 #: pkg/constants/constants.go ``Launcher``).
-LAUNCHER = "launcher"
 #: Lines read from the end of a failed node's log to name the rank that failed first (the
 #: rank's ``[rankN]:`` traceback comes ~50 lines before the end of torchrun's report), and
 #: how many failed nodes' logs are read for it (one request each).
@@ -294,7 +296,7 @@ class WaitSession:
 
     def _pod_selector(self, source: str) -> str:
         if source == LAUNCHER_PODS:
-            return f"{JOBSET_NAME_LABEL}={self.name},{REPLICATED_JOB_LABEL}={LAUNCHER}"
+            return launcher_pod_selector(self.name)
         return self.kind.pod_selector(self.name)
 
     # ------------------------------------------------------------------------ running
@@ -378,7 +380,7 @@ class WaitSession:
         self.job_seen = True
         self.job_deleted = self.job is None
         if self.mpi is None and self.job is not None:
-            self.mpi = "mpi" in ((self._runtime().get("spec") or {}).get("mlPolicy") or {})
+            self.mpi = is_mpi_runtime(self._runtime())
             if self.mpi:
                 watcher = self._pod_watcher(LAUNCHER_PODS)
                 self.watchers.append(watcher)

@@ -20,7 +20,7 @@ from kubernetes.client import CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
 from kubetrain.backends.base import COMPLETE, FAILED
-from kubetrain.backends.local import mpirun
+from kubetrain.backends.local import mpirun, supervisor
 from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.backends.local.supervisor import with_our_interpreter
 from kubetrain.backends.mpirun_report import first_failure
@@ -87,6 +87,26 @@ def test_hostfile_env_and_command_follow_the_mpi_plugin(tmp_path, monkeypatch):
     assert with_our_interpreter(["python", "-m", "kubetrain.train", "--epochs", "1"]) == [
         sys.executable, "-m", "kubetrain.train", "--epochs", "1"
     ]  # fmt: skip
+
+
+def test_each_local_mpi_job_gets_a_rendezvous_port_of_its_own(tmp_path, monkeypatch):
+    """Ranks of two jobs on one machine never meet on 29500 (pods would each have a network):
+    every attempt gets a fresh MASTER_PORT on 127.0.0.1; one the job sets wins."""
+    monkeypatch.setenv(supervisor.JOB_ID_ENV, "job-id")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    spec = TrainJobSpec(name="m", command=("python", "t.py"), launcher="mpi", procs_per_node=2)
+    ports = set()
+    for attempt in range(3):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        ((_, env),) = supervisor.launches(folder, spec)
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        ports.add(env["MASTER_PORT"])
+    assert len(ports) == 3 and "29500" not in ports
+    (tmp_path / "own").mkdir()
+    own = TrainJobSpec(**{**spec.__dict__, "env": {"MASTER_PORT": "31000"}})
+    ((_, env),) = supervisor.launches(tmp_path / "own", own)
+    assert env["MASTER_PORT"] == "31000"
 
 
 def test_the_failed_rank_is_read_from_mpiruns_report():

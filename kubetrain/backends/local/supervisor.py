@@ -111,7 +111,11 @@ def launches(job_dir: Path, spec: TrainJobSpec) -> list[tuple[list[str], dict[st
     if spec.launcher == "mpi":
         hostfile = job_dir / mpirun.HOSTFILE
         hostfile.write_text(mpirun.hostfile_text(spec))
-        env = {**base_env(spec), **mpirun.launcher_env(hostfile, spec)}
+        # Pods have a network each, this machine one: a fresh rendezvous port per attempt for
+        # ranks that read MASTER_ADDR/MASTER_PORT (ours; DeepSpeed's own MPI discovery
+        # always takes 29500). The job's env wins.
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        env = {**rendezvous, **base_env(spec), **mpirun.launcher_env(hostfile, spec)}
         launcher = mpirun.mpirun_path()
         if launcher is None:  # launch checked it; removed since
             raise OSError(f"mpirun is not installed: {mpirun.MISSING_MPIRUN_FIX}")

@@ -174,6 +174,36 @@ class Volume:
 #: ``procs_per_node`` that follows the GPUs: every face's default.
 #: Programs that start ranks themselves: under ``--launcher mpi`` the launcher runs mpirun.
 MPI_LAUNCHER_PROGRAMS = ("mpirun", "mpiexec", "orterun", "prterun", "torchrun", "deepspeed")
+#: The same launchers run as Python modules (``python -m torch.distributed.run``).
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.runner",
+)
+
+
+def rank_starter(program: list[str]) -> str:
+    """The launcher ``program`` runs, when it is one that starts ranks itself (directly, as a
+    Python module, or behind ``env [VAR=value...]``); empty when it is one rank's program."""
+    words = list(program)
+    while words and Path(words[0]).name == "env":
+        words = words[1:]
+        while words and ("=" in words[0] or words[0].startswith("-")):
+            words = words[1:]
+    if not words:
+        return ""
+    name = Path(words[0]).name
+    if name in MPI_LAUNCHER_PROGRAMS:
+        return name
+    if name.startswith("python"):  # its options up to the script or -m MODULE
+        for option, following in zip(words[1:], [*words[2:], ""], strict=True):
+            if option == "-m":
+                return f"python -m {following}" if following in LAUNCHER_MODULES else ""
+            if not option.startswith("-"):
+                break
+    return ""
+
+
 AUTO_PROCS = "auto"
 _PROCS_FIX = "give auto (one process per GPU, else 1) or a whole number from 1, e.g. 2"
 
@@ -282,10 +312,10 @@ class TrainJobSpec:
         _refuse_nul(self.command, "command")
         _refuse_nul(self.args, "command")
         rules.one_of(self.launcher, "launcher", rules.LAUNCHERS, rules.LAUNCHER_FIX)
-        if self.launcher == "mpi" and Path(self.command[0]).name in MPI_LAUNCHER_PROGRAMS:
+        if self.launcher == "mpi" and (starter := rank_starter([*self.command, *self.args])):
             raise InvalidInput(
                 "command",
-                f"starts with {self.command[0]}, and --launcher mpi runs mpirun itself",
+                f"runs {starter}, which starts ranks itself, and --launcher mpi runs mpirun",
                 "give one rank's program, e.g. python train.py",
             )
         rules.image_reference(self.image, "image")

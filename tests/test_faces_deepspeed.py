@@ -230,7 +230,8 @@ def test_render_refuses_launcher_mpi_on_a_backend_without_it(capsys, backend):
          "--deepspeed-config: zero_optimization.stage is 0; use stage 1, 2 or 3"),
         # 7 samples a step cannot be shared by 2 nodes x 1 process
         (["--strategy", "deepspeed", "--deepspeed-config", '{"train_batch_size": 7}'],
-         "deepspeed_config: train_batch_size 7 is not train_micro_batch_size_per_gpu "),
+         "deepspeed_config: train_batch_size 7 is not a multiple of gradient_accumulation_steps "
+         "1 x world size 2"),
         (["--strategy", "deepspeed", "--storage", "s3://bucket/runs"],
          "--storage: s3://bucket/runs is object storage, where DeepSpeed cannot save"),
     ],

@@ -97,7 +97,8 @@ def test_batch_sizes_left_out_are_derived_as_deepspeed_derives_them(config, expe
             "gradient_accumulation_steps 2 x world size 2 (= 32); set train_batch_size to 32",
         ),
         ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 6}, 2, "(= 60)"),
-        ({"train_batch_size": 3}, 4, "(= 4)"),
+        ({"train_batch_size": 3}, 4, "is not a multiple of gradient_accumulation_steps 1 x "
+         "world size 4"),
     ],
 )  # fmt: skip
 def test_batch_sizes_that_do_not_multiply_up_are_refused(config, world_size, problem) -> None:

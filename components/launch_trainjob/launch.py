@@ -127,6 +127,7 @@ class TrainingOptions:
         if not self.deepspeed_config:
             return
         config = deepspeed_config.load_config(self.deepspeed_config, "deepspeed_config")
+        deepspeed_config.check_with_deepspeed(config, "deepspeed_config")
         if world_size is not None:
             deepspeed_config.batch_settings(
                 config,
@@ -232,6 +233,13 @@ class LaunchPlan:
     checkpoint_dir: str
     stage_from: str = ""
     stage_to: str = ""
+    #: What the user should know of a launch that succeeds (said once it has): a runtime taken
+    #: for the one asked for.
+    note: str = ""
+
+    def say_note(self) -> None:
+        if self.note:
+            print(f"kubetrain: note: {terminal_text(self.note)}", file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -345,11 +353,18 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         working_dir=working_dir,
         launcher=request.launcher,
     ).validate()
-    return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to)
+    note = ""
+    if backend == "trainer" and spec.runtime.name != request.runtime:
+        note = (
+            f"--launcher mpi runs on runtime {spec.runtime.name}, not the default "
+            f"{request.runtime} (a torch runtime); name another MPI runtime with --runtime"
+        )
+    return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to, note)
 
 
 def _runtime_for(request: LaunchRequest) -> str:
-    """The runtime asked for; the default one means the launcher's own default."""
+    """The runtime asked for; the default one means the launcher's own default (every face
+    gives the default's name when none is asked for; ``plan_launch`` says so on stderr)."""
     if request.launcher == "mpi" and request.runtime == DEFAULT_RUNTIME:
         return MPI_RUNTIME
     return request.runtime
@@ -420,6 +435,7 @@ def launch(
 
         stage_dataset(plan.stage_from, plan.stage_to)
     name = backend_impl.launch(plan.spec)
+    plan.say_note()
     return LaunchResult(job_name=name, checkpoint_dir=plan.checkpoint_dir)
 
 
@@ -444,7 +460,9 @@ def render_launch(
     options = (options or BackendOptions()).validate()
     plan = plan_launch(request, backend, get_backend(backend, options))
     version = LATEST_VERSION if options.trainer_version == "auto" else options.trainer_version
-    return render_job(plan.spec, backend, resolve_namespace(options.namespace), version)
+    rendered = render_job(plan.spec, backend, resolve_namespace(options.namespace), version)
+    plan.say_note()
+    return rendered
 
 
 # ------------------------------------------------------------------ text to spec pieces

@@ -1,16 +1,20 @@
 """A user's DeepSpeed config (``--deepspeed-config``): read, checked and filled with our options.
 
-Torch-free and DeepSpeed-free: the launch step checks a config with it before a job exists, and
-the trainer before any process group starts. The value is a path to a JSON file or the JSON text
+Torch-free: the launch step checks a config with it before a job exists, and the trainer before
+any process group starts; DeepSpeed itself is imported only to let it read the config, where it
+is installed (:func:`check_with_deepspeed`). The value is a path to a JSON file or the JSON text
 itself (what reaches a node as an argument: :func:`config_for_nodes`). The user's settings win;
 ours fill only what the config leaves out (:func:`fill_config`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +28,9 @@ MAX_CONFIG_BYTES = 1024 * 1024
 TRAIN_BATCH = "train_batch_size"
 MICRO_BATCH = "train_micro_batch_size_per_gpu"
 ACCUMULATION = "gradient_accumulation_steps"
+_BATCH_KEYS = (TRAIN_BATCH, MICRO_BATCH, ACCUMULATION)
+#: How much of DeepSpeed's own message an error line quotes.
+SAID_MAX = 240
 _CONFIG_FIX = "give a JSON object (a file, or its text), as DeepSpeed's config-json describes"
 
 
@@ -122,6 +129,14 @@ def batch_settings(
         return micro, accumulation, micro * accumulation * world_size
     if micro is None:
         accumulation = accumulation or grad_accum_steps
+        if train % (accumulation * world_size):
+            raise InvalidInput(
+                field,
+                f"{TRAIN_BATCH} {train} is not a multiple of {ACCUMULATION} {accumulation} x "
+                f"world size {world_size}, so no micro batch per process makes it",
+                f"set {TRAIN_BATCH} to a multiple of {accumulation * world_size}, or set "
+                f"{MICRO_BATCH} instead",
+            )
         micro = max(train // (accumulation * world_size), 1)
     elif accumulation is None:
         accumulation = max(train // (micro * world_size), 1)
@@ -175,6 +190,34 @@ def fill_config(
         if isinstance(params, dict):
             params.setdefault("torch_adam", True)
     return filled
+
+
+def check_with_deepspeed(config: Mapping[str, Any], field: str) -> None:
+    """DeepSpeed's own reading of the config, where DeepSpeed is installed (a launch step of
+    the light install leaves it to the trainer): its ``DeepSpeedConfig`` checks every section
+    (an unknown key, a wrong type), which it would otherwise do only inside
+    ``deepspeed.initialize``, after the process group and the checkpoint folder. The batch
+    settings are checked for the job's world size by :func:`batch_settings`; here they are
+    one process's. DeepSpeed's logger writes to the stdout of the process importing it first,
+    which for launch is the job's name: it is pointed at stderr."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:
+        return
+    single = {key: value for key, value in config.items() if key not in _BATCH_KEYS}
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            DeepSpeedConfig({**single, MICRO_BATCH: 1, ACCUMULATION: 1})
+    except Exception as exc:  # pydantic's ValidationError, DeepSpeed's asserts and ValueErrors
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        said = ": ".join(line for line in lines if not line.startswith("For further"))
+        said = re.sub(r"\s*\[type=[^\]]*\]", "", said)[:SAID_MAX] or type(exc).__name__
+        raise InvalidInput(
+            field,
+            f"DeepSpeed refuses it ({said})",
+            "fix the setting it names, as DeepSpeed's config-json describes",
+        ) from None
 
 
 def config_for_nodes(value: str, field: str) -> str:

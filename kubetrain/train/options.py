@@ -288,6 +288,7 @@ def _deepspeed_config(args: argparse.Namespace) -> dict[str, Any] | None:
     user = (
         deepspeed_config.load_config(args.deepspeed_config, field) if args.deepspeed_config else {}
     )
+    deepspeed_config.check_with_deepspeed(user, field)
     return deepspeed_config.fill_config(
         user,
         batch_size=args.batch_size,

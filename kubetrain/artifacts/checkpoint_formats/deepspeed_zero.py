@@ -157,9 +157,26 @@ def _tag_named_by_latest(root: Path, folder: str, names: list[str]) -> str | Non
             tag = handle.read(4096).decode().strip()
     except (OSError, UnicodeDecodeError):
         return None
-    if not tag or "/" in tag or tag.startswith(".") or tag not in names:
+    if not tag or "/" in tag or tag.startswith("."):
         return None
-    return tag if stat.S_ISDIR(os.lstat(root / join(folder, tag)).st_mode) else None
+    if tag not in names or not stat.S_ISDIR(os.lstat(root / join(folder, tag)).st_mode):
+        _refuse_dangling_latest(root, folder, names, tag)
+        return None
+    return tag
+
+
+def _refuse_dangling_latest(root: Path, folder: str, names: list[str], tag: str) -> None:
+    """A DeepSpeed save folder (a tag folder of ZeRO files beside ``latest``) whose ``latest``
+    names no tag folder here: DeepSpeed's own load_checkpoint would find nothing to load, and
+    an older tag is not the checkpoint ``latest`` says was written. Refused, never guessed."""
+    tags = [name for name in names if name != LATEST and _zero_files(root, join(folder, name))]
+    if tags:
+        raise IntegrityError(
+            f"checkpoint folder {root / folder}: its {LATEST} names tag {shown(tag)}, which is "
+            f"not a folder there (tag folders: {', '.join(sorted(tags)[:5])}); its save did not "
+            f"finish or the folder was changed: point {LATEST} at a complete tag, or name "
+            "that tag's folder with --checkpoint-dir"
+        )
 
 
 def _zero_files(root: Path, folder: str) -> list[str]:
@@ -200,8 +217,8 @@ def _inventory(root: Path, folder: str, names: list[str]) -> _Inventory:
         if int(found["mp"]) != 0:
             raise IntegrityError(
                 f"{where} holds {shown(name)}, a model-parallel (tensor or pipeline) shard, "
-                "which zero_to_fp32 does not merge either; convert it with DeepSpeed's "
-                "ds_to_universal.py, or train without model parallelism"
+                "which zero_to_fp32 does not merge either; use DeepSpeed's ds_to_universal.py "
+                "to convert it, or train without model parallelism"
             )
         if _MODEL_FILE.fullmatch(name):
             model = join(folder, name)

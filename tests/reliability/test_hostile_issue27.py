@@ -795,7 +795,8 @@ def test_6b_the_istio_label_brings_the_sidecar_back_on_every_face(capsys, face):
 def test_6c_every_shipped_runtime_opts_out_of_istio_with_our_restart_rule(capsys):
     runtimes = render(capsys, "runtimes")
     assert {r["metadata"]["name"] for r in runtimes} == {
-        "torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang"}  # fmt: skip
+        "torch-ddp-cpu", "torch-ddp-gpu", "torch-fsdp-gpu", "torch-ddp-gpu-gang",
+        "kubetrain-deepspeed-mpi"}  # fmt: skip
     for runtime in runtimes:
         assert runtime["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubetrain"
         jobset = runtime["spec"]["template"]["spec"]

@@ -447,44 +447,19 @@ def test_4r_a_rank_file_changed_after_the_manifest_is_refused(trained, tmp_path,
 
 # ======================================================================== 5: resume
 @pytest.mark.bad_input
-def test_5a_resume_with_another_zero_stage_is_one_line(trained, digits_dir, tmp_path):
+@pytest.mark.parametrize(
+    "stage_options",
+    [["--zero-stage", "3"], ["--deepspeed-config", '{"zero_optimization": {"stage": 1}}']],
+    ids=["5a-zero-stage-option", "5b-stage-from-the-config"],
+)
+def test_5ab_resume_with_another_zero_stage_is_one_line(
+    trained, digits_dir, tmp_path, stage_options
+):
+    """5a: --zero-stage 3 on the stage-2 checkpoint; 5b: the config's stage 1 on it."""
     ck = copy(trained, tmp_path / "ck")
-    proc = trainer(
-        "--data",
-        digits_dir,
-        "--checkpoint-dir",
-        ck,
-        "--strategy",
-        "deepspeed",
-        "--zero-stage",
-        "3",
-        "--epochs",
-        "2",
-        "--tensorboard-dir",
-        "",
-    )
-    assert proc.returncode != 0
-    one_line(proc.stderr, "kubetrain.train", "stage")
-    assert epoch_dirs(ck) == ["epoch-000001"]
-
-
-@pytest.mark.bad_input
-def test_5b_resume_with_another_stage_from_the_config_is_one_line(trained, digits_dir, tmp_path):
-    ck = copy(trained, tmp_path / "ck")
-    proc = trainer(
-        "--data",
-        digits_dir,
-        "--checkpoint-dir",
-        ck,
-        "--strategy",
-        "deepspeed",
-        "--deepspeed-config",
-        '{"zero_optimization": {"stage": 1}}',
-        "--epochs",
-        "2",
-        "--tensorboard-dir",
-        "",
-    )
+    options = ["--data", digits_dir, "--checkpoint-dir", ck, "--strategy", "deepspeed",
+               *stage_options, "--epochs", "2", "--tensorboard-dir", ""]  # fmt: skip
+    proc = trainer(*options)
     assert proc.returncode != 0
     one_line(proc.stderr, "kubetrain.train", "stage")
     assert epoch_dirs(ck) == ["epoch-000001"]

@@ -138,3 +138,23 @@ def test_deleting_a_crd_stops_serving_it(k8s, apis):
     with pytest.raises(ApiException) as missing:
         custom.list_namespaced_custom_object(GROUP, VERSION, "default", "trainjobs")
     assert missing.value.status == 404
+
+
+def test_a_watch_that_comes_while_the_server_shuts_down_is_dropped_at_once(k8s):
+    """A client thread racing its own stop can open a watch after the server closed the open
+    ones: it is dropped at once, not served to its timeout (the emulator's stop would wait
+    that long: 30 s of a test's teardown, seen in the suite)."""
+    import urllib3
+
+    k8s.emulator.call(k8s.emulator.api.shut_down)
+    core = kubernetes.client.CoreV1Api(k8s.api_client)
+    try:
+        list(
+            watch.Watch().stream(
+                core.list_namespaced_pod, "default", timeout_seconds=60, _request_timeout=(5, 8)
+            )
+        )
+    except urllib3.exceptions.ReadTimeoutError:
+        pytest.fail("the watch was served on, not dropped")
+    except urllib3.exceptions.ProtocolError:
+        pass  # dropped: the connection ends without a chunked body's end

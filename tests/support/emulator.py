@@ -111,8 +111,9 @@ class KubeEmulator:
         async with self.api, kmock.Server(self.api) as server:
             started.set_result(server.port)
             await self._stopping.wait()
-            # End every stream still open, so the server's shutdown need not wait for them.
-            self.api.close_watches(abort=True)
+            # End every stream still open, and any that still comes, so the server's shutdown
+            # need not wait for them.
+            self.api.shut_down()
             self.api.logs.interrupt()
             await asyncio.sleep(0)
 

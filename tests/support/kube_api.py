@@ -158,6 +158,9 @@ class ClusterAPI(kmock.KubernetesEmulator):
     _tick: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _watch_epoch: int = attrs.field(default=0, init=False)
     _abort_watches: bool = attrs.field(default=False, init=False)
+    #: Set when the server shuts down: a watch that arrives afterwards (a client thread racing
+    #: its own stop) is dropped at once, or the server's shutdown would wait out its timeout.
+    _shutting_down: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -663,7 +666,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        epoch = self._watch_epoch
+        epoch = -1 if self._shutting_down else self._watch_epoch
         yield b""  # send the headers at once
         since = request.params.get("resourceVersion") or "0"
         if since == "0":
@@ -723,6 +726,11 @@ class ClusterAPI(kmock.KubernetesEmulator):
         }
 
     # ------------------------------------------------------------------ test controls
+    def shut_down(self) -> None:
+        """Drop every open watch, and every watch that still comes (``_shutting_down``)."""
+        self._shutting_down = True
+        self.close_watches(abort=True)
+
     def close_watches(self, abort: bool = False) -> None:
         """End every open watch now: cleanly (the client resumes) or by dropping it."""
         self._watch_epoch += 1

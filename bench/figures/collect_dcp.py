@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.core import PYTHON, Row, Settings, Stats, log
@@ -33,13 +35,50 @@ TORCH_CONSOLIDATE = (
 )
 
 
-def _measured(argv: list[str]) -> tuple[float, float]:
+def measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
     """(seconds, peak RSS in MiB) of one command, which must succeed."""
     started = time.perf_counter()
-    done = run_measuring_peak_memory(argv)
+    done = run_measuring_peak_memory(argv, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{argv} exited {done.returncode}: {done.stderr[-1500:]}")
     return time.perf_counter() - started, done.peak_mib
+
+
+@dataclass
+class Alternated:
+    """Seconds and peak RSS (MiB) of each run of ours and of the baseline."""
+
+    ours_s: list[float] = field(default_factory=list)
+    ours_peak: list[float] = field(default_factory=list)
+    base_s: list[float] = field(default_factory=list)
+    base_peak: list[float] = field(default_factory=list)
+
+
+def collect_against(
+    source: Path,
+    tmp: Path,
+    repeats: int,
+    baseline: Callable[[Path], list[str]],
+    env: dict[str, str] | None = None,
+) -> Alternated:
+    """``kubetrain collect`` of ``source`` and the ``baseline`` command (given the path it
+    writes) alternated ``repeats`` times, each output removed before the next run."""
+    runs = Alternated()
+    for index in range(repeats):
+        output = tmp / f"model-{index}"
+        seconds, peak = measured(
+            [PYTHON, "-m", "kubetrain", "collect", "--checkpoint-dir", str(source),
+             "--output", str(output)], env,
+        )  # fmt: skip
+        runs.ours_s.append(seconds)
+        runs.ours_peak.append(peak)
+        shutil.rmtree(output)
+        target = tmp / f"baseline-{index}"
+        seconds, peak = measured(baseline(target), env)
+        runs.base_s.append(seconds)
+        runs.base_peak.append(peak)
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    return runs
 
 
 def measure(settings: Settings) -> list[Row]:
@@ -52,24 +91,13 @@ def measure(settings: Settings) -> list[Row]:
         log(f"B4d: writing a {size_mib} MiB DCP checkpoint")
         source = tmp / "dcp"
         subprocess.run([PYTHON, "-c", WRITE_DCP, str(source), str(size_mib)], check=True)
-        ours_peak, base_peak, ours_s, base_s = [], [], [], []
         log(f"B4d: collect vs dcp_to_torch_save x{repeats}")
-        for index in range(repeats):
-            output = tmp / f"model-{index}"
-            seconds, peak = _measured(
-                [PYTHON, "-m", "kubetrain", "collect", "--checkpoint-dir", str(source),
-                 "--output", str(output)]
-            )  # fmt: skip
-            ours_s.append(seconds)
-            ours_peak.append(peak)
-            shutil.rmtree(output)
-            target = tmp / f"torch-{index}.pt"
-            seconds, peak = _measured([PYTHON, "-c", TORCH_CONSOLIDATE, str(source), str(target)])
-            base_s.append(seconds)
-            base_peak.append(peak)
-            target.unlink()
-    ours = Stats.of(ours_peak)
-    base = Stats.of(base_peak)
+        runs = collect_against(
+            source, tmp, repeats, lambda target: [PYTHON, "-c", TORCH_CONSOLIDATE, str(source),
+                                                  str(target)],
+        )  # fmt: skip
+    ours = Stats.of(runs.ours_peak)
+    base = Stats.of(runs.base_peak)
     limit = TARGET_SHARE * size_mib
     met = ours.max < limit
     return [
@@ -85,7 +113,8 @@ def measure(settings: Settings) -> list[Row]:
                 f"a DCP folder of {size_mib} MiB (float32 tensors of ≤ 64 MiB under `model`, "
                 f"written by `dcp.save`); ru_maxrss of each command (tests.support.peak_memory); "
                 f"{repeats} runs each, the worst checked; wall: ours "
-                f"{Stats.of(ours_s).median:.1f} s, torch {Stats.of(base_s).median:.1f} s (median)"
+                f"{Stats.of(runs.ours_s).median:.1f} s, torch {Stats.of(runs.base_s).median:.1f} s "
+                "(median)"
             ),
             ratio=ours.median / base.median,
             met=met,

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from bench.core import PYTHON, TORCHRUN, Row, Settings, Stats, bench_env, log, run
+from bench.figures.collect_dcp import collect_against
 from tests.support.large_checkpoint import MIB
-from tests.support.peak_memory import run_measuring_peak_memory
 
 #: Ours must use less than this share of the checkpoint's size at its peak...
 TARGET_SHARE = 0.5
@@ -45,15 +44,6 @@ ZERO_TO_FP32 = (
 )
 
 
-def _measured(argv: list[str]) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of one command, which must succeed."""
-    started = time.perf_counter()
-    done = run_measuring_peak_memory(argv, env=bench_env())
-    if done.returncode != 0:
-        raise RuntimeError(f"{argv} exited {done.returncode}: {done.stderr[-1500:]}")
-    return time.perf_counter() - started, done.peak_mib
-
-
 def _size_mib(folder: Path) -> float:
     return sum(path.stat().st_size for path in folder.rglob("*.pt")) / MIB
 
@@ -76,27 +66,17 @@ def measure(settings: Settings) -> list[Row]:
         )  # fmt: skip
         size_mib = _size_mib(source)
         log(f"B4z: {size_mib:.0f} MiB in {seconds:.0f} s; collect vs zero_to_fp32 x{repeats}")
-        ours_peak, base_peak, ours_s, base_s = [], [], [], []
-        for index in range(repeats):
-            output = tmp / f"model-{index}"
-            seconds, peak = _measured(
-                [PYTHON, "-m", "kubetrain", "collect", "--checkpoint-dir", str(source),
-                 "--output", str(output)]
-            )  # fmt: skip
-            ours_s.append(seconds)
-            ours_peak.append(peak)
-            shutil.rmtree(output)
-            target = tmp / f"zero-to-fp32-{index}"
-            seconds, peak = _measured([PYTHON, "-c", ZERO_TO_FP32, str(source), str(target)])
-            base_s.append(seconds)
-            base_peak.append(peak)
-            shutil.rmtree(target)
+        runs = collect_against(
+            source, tmp, repeats,
+            lambda target: [PYTHON, "-c", ZERO_TO_FP32, str(source), str(target)], bench_env(),
+        )  # fmt: skip
     how = (
         f"a ZeRO-3 checkpoint of {size_mib:.0f} MiB ({layers} × Linear({width}²), 2 ranks, one "
         f"AdamW step, written by DeepSpeed's engine.save_checkpoint under torchrun); "
         f"{repeats} runs each, alternated"
     )
-    memory, ours_time, base_time = Stats.of(ours_peak), Stats.of(ours_s), Stats.of(base_s)
+    memory, ours_time = Stats.of(runs.ours_peak), Stats.of(runs.ours_s)
+    base_time = Stats.of(runs.base_s)
     limit, share = TARGET_SHARE * size_mib, memory.max / size_mib
     speed = base_time.median / ours_time.median  # ours' speed as a share of zero_to_fp32's
     return [
@@ -105,11 +85,11 @@ def measure(settings: Settings) -> list[Row]:
             unit="MiB",
             ours=memory,
             ours_label="peak RSS of `kubetrain collect --checkpoint-dir ZERO --output …`",
-            baseline=Stats.of(base_peak),
+            baseline=Stats.of(runs.base_peak),
             baseline_label="peak RSS of DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict`",
             target=f"< {TARGET_SHARE:g} × the checkpoint ({limit:.0f} MiB)",
             how=f"{how}; ru_maxrss of each command (tests.support.peak_memory), the worst checked",
-            ratio=memory.median / Stats.of(base_peak).median,
+            ratio=memory.median / Stats.of(runs.base_peak).median,
             # quick: the interpreter and torch alone outweigh a checkpoint of a few MiB
             met=None if settings.quick else share < TARGET_SHARE,
             verdict=f"{'met' if share < TARGET_SHARE else 'missed'}: {share:.2f} × the checkpoint",

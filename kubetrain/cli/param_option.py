@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
+from types import SimpleNamespace
 from typing import NamedTuple, TypeVar
 
 from kubetrain import rules
 from kubetrain.backends.base import BACKENDS
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME, resolve_procs_per_node
-from kubetrain.render import MPI_BACKENDS
+from kubetrain.render import refuse_mpi_launcher
 from kubetrain.rules import LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 T = TypeVar("T")
@@ -196,13 +197,8 @@ def check_launcher(values: Mapping[str, object], option: Callable[[str], str]) -
     run's parameters (text or numbers); ``option(name)`` is how the face names a parameter."""
     if values.get("launcher") != "mpi":
         return
-    backend = values.get("backend", "trainer")  # the launch step's default
-    if backend not in MPI_BACKENDS:
-        raise InvalidInput(
-            option("launcher"),
-            f"mpi is not run by backend {rules.shown(backend)}",
-            f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
-        )
+    backend = str(values.get("backend", "trainer"))  # the launch step's default
+    refuse_mpi_launcher(SimpleNamespace(launcher="mpi"), backend, option("launcher"))
     if str(values.get("procs_per_node", AUTO_PROCS)) == AUTO_PROCS and not int(
         str(values.get("gpu") or 0)
     ):

@@ -29,12 +29,13 @@ RENDERED_BACKENDS = ("trainer", "job", "pytorchjob")
 MPI_BACKENDS = ("trainer", "local")
 
 
-def refuse_mpi_launcher(spec: Any, backend: str) -> None:
-    """``spec`` (a TrainJobSpec, or a launch request: anything with a ``launcher``) with
-    ``launcher`` mpi on a backend that cannot run it, refused in one line."""
+def refuse_mpi_launcher(spec: Any, backend: str, field: str = "launcher") -> None:
+    """``spec`` (a TrainJobSpec, a launch request, a run's parameters: anything with a
+    ``launcher``) with ``launcher`` mpi on a backend that cannot run it, refused in one line
+    naming ``field`` as the face calls it."""
     if spec.launcher == "mpi" and backend not in MPI_BACKENDS:
         raise InvalidInput(
-            "launcher",
+            field,
             f"mpi is not run by backend {rules.shown(backend)}",
             f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
         )

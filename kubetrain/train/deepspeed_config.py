@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import os
 import re
@@ -198,17 +199,17 @@ def check_with_deepspeed(config: Mapping[str, Any], field: str) -> None:
     (an unknown key, a wrong type), which it would otherwise do only inside
     ``deepspeed.initialize``, after the process group and the checkpoint folder. The batch
     settings are checked for the job's world size by :func:`batch_settings`; here they are
-    one process's. DeepSpeed's logger writes to the stdout of the process importing it first,
-    which for launch is the job's name: it is pointed at stderr."""
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            from deepspeed.runtime.config import DeepSpeedConfig
-    except ImportError:
-        return
+    one process's. What DeepSpeed prints meanwhile (its accelerator warning on first import)
+    is no part of the one line a refusal is, nor of launch's stdout (the job's name)."""
+    printed = io.StringIO()
     single = {key: value for key, value in config.items() if key not in _BATCH_KEYS}
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(printed):
+            from deepspeed.runtime.config import DeepSpeedConfig
+
             DeepSpeedConfig({**single, MICRO_BATCH: 1, ACCUMULATION: 1})
+    except ImportError:
+        return
     except Exception as exc:  # pydantic's ValidationError, DeepSpeed's asserts and ValueErrors
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         said = ": ".join(line for line in lines if not line.startswith("For further"))
@@ -218,6 +219,19 @@ def check_with_deepspeed(config: Mapping[str, Any], field: str) -> None:
             f"DeepSpeed refuses it ({said})",
             "fix the setting it names, as DeepSpeed's config-json describes",
         ) from None
+    finally:
+        _restore_deepspeed_logging(printed)
+
+
+def _restore_deepspeed_logging(printed: io.StringIO) -> None:
+    """DeepSpeed's logger keeps the stdout of its first import as its stream (deepspeed
+    v0.19.8 utils/logging.py ``create_logger``): one made while ``printed`` stood in for stdout
+    writes to the real stdout again (``StreamHandler.setStream``), for a trainer's later logs."""
+    import logging
+
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is printed:
+            handler.setStream(sys.stdout)
 
 
 def config_for_nodes(value: str, field: str) -> str:

@@ -204,6 +204,58 @@ def rank_starter(program: list[str]) -> str:
     return ""
 
 
+#: The backends that run ``--nodes MIN:MAX``: Training Operator v1.9's PyTorchJob
+#: ``elasticPolicy`` and the local backend, which plays it. Kubeflow Trainer v2.3 has no elastic
+#: training (its never-implemented elasticPolicy was removed in v2.2, kubeflow/trainer#3235).
+ELASTIC_BACKENDS = ("local", "pytorchjob")
+#: torchrun's rendezvous for an elastic job: the Training Operator's default ``rdzvBackend``.
+ELASTIC_RDZV_BACKEND = "c10d"
+_NODES_FIX = "give a whole number of nodes, e.g. 2, or MIN:MAX for an elastic job, e.g. 1:2"
+
+
+def resolve_nodes(value: int | str, field_name: str = "nodes") -> tuple[int | None, int]:
+    """``(min_nodes, max_nodes)`` of ``value``: a whole number N (a number's text too, as an Argo
+    parameter carries it) is a fixed-size job, ``(None, N)``; ``MIN:MAX`` an elastic one, which
+    goes on with any number of nodes from MIN to MAX (torchrun's ``--nnodes MIN:MAX``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        low, colon, high = text.partition(":")
+        try:
+            numbers = [int(part) for part in ((low, high) if colon else (text,))]
+        except ValueError:
+            raise InvalidInput(
+                field_name, f"{rules.shown(value)} is not N nor MIN:MAX", _NODES_FIX
+            ) from None
+        if not colon:
+            return None, rules.whole_number(numbers[0], field_name, 1, fix=_NODES_FIX)
+        min_nodes, max_nodes = numbers
+        return check_node_range(min_nodes, max_nodes, field_name), max_nodes
+    return None, rules.whole_number(value, field_name, 1, fix=_NODES_FIX)
+
+
+def check_node_range(min_nodes: int, max_nodes: int, field_name: str = "nodes") -> int:
+    """``min_nodes`` of an elastic job of at most ``max_nodes``: 1 or more, and no more than
+    MAX (torchrun refuses ``--nnodes 3:2`` only once every node has started)."""
+    fix = "give MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2"
+    shown = f"{rules.shown(min_nodes)}:{rules.shown(max_nodes)}"
+    for bound, number in (("MIN", min_nodes), ("MAX", max_nodes)):
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise InvalidInput(
+                field_name, f"{bound} {rules.shown(number)} in {shown} is below 1", fix
+            )
+    rules.whole_number(max_nodes, field_name, 1, fix=fix)  # int32, as a replica count
+    if min_nodes > max_nodes:
+        raise InvalidInput(
+            field_name, f"MIN {min_nodes} is more than MAX {max_nodes} in {shown}", fix
+        )
+    return min_nodes
+
+
+def nodes_text(min_nodes: int | None, max_nodes: int) -> str:
+    """``--nodes`` as given: ``N`` or ``MIN:MAX``."""
+    return str(max_nodes) if min_nodes is None else f"{min_nodes}:{max_nodes}"
+
+
 AUTO_PROCS = "auto"
 _PROCS_FIX = "give auto (one process per GPU, else 1) or a whole number from 1, e.g. 2"
 
@@ -272,6 +324,9 @@ class TrainJobSpec:
     image: str = TRAINER_IMAGE
     env: dict[str, str] = field(default_factory=dict)
     num_nodes: int = 1
+    #: None: a fixed-size job of ``num_nodes``. A number: an elastic job, which starts with up
+    #: to ``num_nodes`` and goes on while at least ``min_nodes`` remain (``--nodes MIN:MAX``).
+    min_nodes: int | None = None
     procs_per_node: int = 1
     resources_per_node: Resources = field(default_factory=Resources)
     runtime: RuntimeRef = field(default_factory=RuntimeRef)
@@ -320,6 +375,8 @@ class TrainJobSpec:
             )
         rules.image_reference(self.image, "image")
         rules.whole_number(self.num_nodes, "nodes", 1)
+        if self.min_nodes is not None:
+            self._validate_elastic()
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)
         for key in self.env:
             rules.env_var_name(key, "env")
@@ -369,6 +426,34 @@ class TrainJobSpec:
                     "give the folder as an absolute path, e.g. /mnt/shared/checkpoints/job",
                 )
         return self
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None
+
+    @property
+    def nodes_text(self) -> str:
+        return nodes_text(self.min_nodes, self.num_nodes)
+
+    def _validate_elastic(self) -> None:
+        """An elastic job: a node range, restarts to go on with (a lost node fails the
+        others' collectives; torchrun restarts them at the new size, which counts as one of
+        ``--max-restarts``), and torchrun to run it (mpirun's world is fixed at start)."""
+        check_node_range(self.min_nodes, self.num_nodes)  # type: ignore[arg-type]
+        if self.launcher == "mpi":
+            raise InvalidInput(
+                "nodes",
+                f"{self.nodes_text} is elastic, and mpirun starts a fixed world of ranks",
+                "use --launcher torchrun for an elastic job, or a fixed --nodes N with mpi",
+            )
+        if self.max_restarts < 1:
+            raise InvalidInput(
+                "max_restarts",
+                f"is {self.max_restarts} with elastic --nodes {self.nodes_text}: the first lost "
+                "node would end the job (torchrun restarts the others at the new size, one "
+                "restart each time)",
+                "give --max-restarts 3 (or more) with --nodes MIN:MAX",
+            )
 
     def replicated_jobs(self) -> list[tuple[str, int, int]]:
         """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs
@@ -433,6 +518,7 @@ class TrainJobSpec:
             image=data.get("image", TRAINER_IMAGE),
             env=dict(data.get("env", {})),
             num_nodes=data.get("num_nodes", 1),
+            min_nodes=data.get("min_nodes"),
             procs_per_node=data.get("procs_per_node", 1),
             resources_per_node=Resources(**data.get("resources_per_node", {})),
             runtime=RuntimeRef(**data.get("runtime", {})),

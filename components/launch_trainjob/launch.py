@@ -49,7 +49,9 @@ from kubetrain.jobspec import (
     Toleration,
     TrainJobSpec,
     Volume,
+    nodes_text,
     procs_gpu_mismatch,
+    resolve_nodes,
     resolve_procs_per_node,
 )
 from kubetrain.names import derive_job_name, label_value, random_job_name
@@ -194,7 +196,8 @@ class LaunchRequest:
     command: tuple[str, ...] = ()
     name: str = ""
     run_name: str = ""
-    nodes: int = 2
+    #: A whole number, or ``MIN:MAX`` for an elastic job (``jobspec.resolve_nodes``).
+    nodes: int | str = 2
     procs_per_node: int | str = AUTO_PROCS
     image: str = ""
     runtime: str = DEFAULT_RUNTIME
@@ -257,9 +260,11 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
 
 def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> LaunchPlan:
     """The job ``request`` describes on ``backend``: validated, nothing created."""
-    from kubetrain.render import refuse_mpi_launcher
+    from kubetrain.render import refuse_elastic, refuse_mpi_launcher
 
     refuse_mpi_launcher(request, backend)  # before a cluster is read or a dataset staged
+    refuse_elastic(request.nodes, backend)
+    min_nodes, max_nodes = resolve_nodes(request.nodes)
     name = resolve_job_name(request.name, request.run_name)
     shared = request.shared_volume if backend != "local" else None
     volumes = (*request.volumes, shared) if shared is not None else request.volumes
@@ -282,8 +287,14 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
         print(f"kubetrain: warning: {terminal_text(mismatch)}", file=sys.stderr)
     if request.runs_our_trainer:
-        nodes = request.nodes if isinstance(request.nodes, int) and request.nodes > 0 else None
-        training.validate(world_size=nodes and nodes * procs_per_node)  # bad nodes: spec's line
+        if min_nodes is not None and training.strategy == "deepspeed":
+            raise InvalidInput(
+                "strategy",
+                f"deepspeed with elastic --nodes {nodes_text(min_nodes, max_nodes)}: a ZeRO "
+                "checkpoint resumes only at the world size that wrote it",
+                "use ddp or fsdp for an elastic job, or a fixed --nodes N with deepspeed",
+            )
+        training.validate(world_size=max_nodes * procs_per_node)
     else:
         training.validate_locations()
     data_dir, stage_from, stage_to = "", "", ""
@@ -333,7 +344,8 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         args=tuple(args),
         image=request.image or TRAINER_IMAGE,
         env={**env, **request.env},
-        num_nodes=request.nodes,
+        num_nodes=max_nodes,
+        min_nodes=min_nodes,
         procs_per_node=procs_per_node,
         resources_per_node=request.resources,
         runtime=RuntimeRef(name=_runtime_for(request), kind=request.runtime_kind),

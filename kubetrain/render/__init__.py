@@ -20,7 +20,7 @@ _HOMES = {
     "render_script_configmap": "kubetrain.render.script",
     "render_trainjob": "kubetrain.render.trainjob",
 }
-__all__ = [*_HOMES, "render_job", "refuse_mpi_launcher"]
+__all__ = [*_HOMES, "render_job", "refuse_elastic", "refuse_mpi_launcher"]
 #: The backends whose objects are rendered (the local backend runs processes instead).
 RENDERED_BACKENDS = ("trainer", "job", "pytorchjob")
 #: The backends that run ``launcher`` mpi: Kubeflow Trainer's MPI policy (our
@@ -38,6 +38,30 @@ def refuse_mpi_launcher(spec: Any, backend: str, field: str = "launcher") -> Non
             field,
             f"mpi is not run by backend {rules.shown(backend)}",
             f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
+        )
+
+
+#: Why a backend has no ``--nodes MIN:MAX`` (``jobspec.ELASTIC_BACKENDS`` have it).
+_NOT_ELASTIC = {
+    "trainer": "Kubeflow Trainer v2.3 has no elastic training (its elasticPolicy was never "
+    "implemented and was removed in v2.2, kubeflow/trainer#3235)",
+    "job": "an Indexed Job starts a fixed number of pods, each with a fixed rank",
+}
+
+
+def refuse_elastic(nodes: int | str, backend: str, field: str = "nodes") -> None:
+    """``nodes`` ``MIN:MAX`` on a backend that cannot run an elastic job, refused in one line
+    naming why and the backends that can; a bad ``nodes`` gets its own line."""
+    from kubetrain.jobspec import ELASTIC_BACKENDS, resolve_nodes
+
+    min_nodes, max_nodes = resolve_nodes(nodes, field)
+    if min_nodes is not None and backend not in ELASTIC_BACKENDS:
+        why = _NOT_ELASTIC.get(backend, f"backend {rules.shown(backend)} has no elastic jobs")
+        raise InvalidInput(
+            field,
+            f"{min_nodes}:{max_nodes} asks for an elastic job, and {why}",
+            f"use backend {' or '.join(ELASTIC_BACKENDS)} (a PyTorchJob with elasticPolicy), "
+            f"or a fixed --nodes {max_nodes}",
         )
 
 
@@ -60,6 +84,7 @@ def render_job(
     from kubetrain.render.trainjob import render_trainjob
 
     refuse_mpi_launcher(spec, backend)
+    refuse_elastic(spec.nodes_text, backend)
     rendered = []
     if spec.script:
         rendered.append(render_script_configmap(spec, namespace, owner=owner))

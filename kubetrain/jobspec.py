@@ -210,6 +210,14 @@ def rank_starter(program: list[str]) -> str:
 ELASTIC_BACKENDS = ("local", "pytorchjob")
 #: torchrun's rendezvous for an elastic job: the Training Operator's default ``rdzvBackend``.
 ELASTIC_RDZV_BACKEND = "c10d"
+#: Set on every node of an elastic job (PyTorchJob pods and local nodes alike): torch 2.13's
+#: torchrun shares its rendezvous TCPStore with the workers, and a node that joins a running
+#: job then waits forever for the store address the rank-0 node published only in its first
+#: round (``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``
+#: ``DynamicRendezvousHandler.next_rendezvous``, ~line 1205: the cached
+#: ``_bootstrap_store_info`` is not rebuilt on a new round; pytorch/pytorch#147064). torch's own
+#: opt-out builds the store info afresh in every round.
+ELASTIC_NODE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 _NODES_FIX = "give a whole number of nodes, e.g. 2, or MIN:MAX for an elastic job, e.g. 1:2"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,45 @@ def check_node_range(min_nodes: int, max_nodes: int, field_name: str = "nodes") 
     return min_nodes
 
 
+def check_elastic(
+    nodes: int | str,
+    launcher: str,
+    max_restarts: int,
+    strategy: str = "",
+    option: Callable[[str], str] = str,
+) -> None:
+    """An elastic ``nodes`` (``MIN:MAX``) needs torchrun (mpirun starts a fixed world of
+    ranks), restarts to go on with (a lost node fails the others' collectives and torchrun
+    restarts them at the new size, one of ``--max-restarts`` each time), and a strategy whose
+    checkpoint resumes at another world size (a ZeRO checkpoint does not). ``option(name)``
+    is how the face names a field; a fixed ``nodes`` passes."""
+    min_nodes, max_nodes = resolve_nodes(nodes, option("nodes"))
+    if min_nodes is None:
+        return
+    given = f"{min_nodes}:{max_nodes}"
+    if launcher == "mpi":
+        raise InvalidInput(
+            option("nodes"),
+            f"{given} is elastic, and mpirun starts a fixed world of ranks",
+            f"use launcher torchrun for an elastic job, or a fixed {max_nodes} nodes with mpi",
+        )
+    if not isinstance(max_restarts, int) or max_restarts < 1:
+        raise InvalidInput(
+            option("max_restarts"),
+            f"is {rules.shown(max_restarts)} with elastic nodes {given}: the first lost node "
+            "would end the job (torchrun restarts the others at the new size, one restart each "
+            "time)",
+            "give 3 or more restarts with nodes MIN:MAX",
+        )
+    if strategy == "deepspeed":
+        raise InvalidInput(
+            option("strategy"),
+            f"deepspeed with elastic nodes {given}: a ZeRO checkpoint resumes only at the world "
+            "size that wrote it",
+            f"use ddp or fsdp for an elastic job, or a fixed {max_nodes} nodes with deepspeed",
+        )
+
+
 def nodes_text(min_nodes: int | None, max_nodes: int) -> str:
     """``--nodes`` as given: ``N`` or ``MIN:MAX``."""
     return str(max_nodes) if min_nodes is None else f"{min_nodes}:{max_nodes}"
@@ -383,8 +422,6 @@ class TrainJobSpec:
             )
         rules.image_reference(self.image, "image")
         rules.whole_number(self.num_nodes, "nodes", 1)
-        if self.min_nodes is not None:
-            self._validate_elastic()
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)
         for key in self.env:
             rules.env_var_name(key, "env")
@@ -414,6 +451,9 @@ class TrainJobSpec:
             MAX_RESTARTS,
             "use 0 (fail on the first node failure) or a small number like 3",
         )
+        if self.min_nodes is not None:
+            check_node_range(self.min_nodes, self.num_nodes)
+            check_elastic(self.nodes_text, self.launcher, self.max_restarts)
         if self.active_deadline_seconds is not None:
             # An int64 in the Job and the TrainJob.
             rules.whole_number(
@@ -442,26 +482,6 @@ class TrainJobSpec:
     @property
     def nodes_text(self) -> str:
         return nodes_text(self.min_nodes, self.num_nodes)
-
-    def _validate_elastic(self) -> None:
-        """An elastic job: a node range, restarts to go on with (a lost node fails the
-        others' collectives; torchrun restarts them at the new size, which counts as one of
-        ``--max-restarts``), and torchrun to run it (mpirun's world is fixed at start)."""
-        check_node_range(self.min_nodes, self.num_nodes)  # type: ignore[arg-type]
-        if self.launcher == "mpi":
-            raise InvalidInput(
-                "nodes",
-                f"{self.nodes_text} is elastic, and mpirun starts a fixed world of ranks",
-                "use --launcher torchrun for an elastic job, or a fixed --nodes N with mpi",
-            )
-        if self.max_restarts < 1:
-            raise InvalidInput(
-                "max_restarts",
-                f"is {self.max_restarts} with elastic --nodes {self.nodes_text}: the first lost "
-                "node would end the job (torchrun restarts the others at the new size, one "
-                "restart each time)",
-                "give --max-restarts 3 (or more) with --nodes MIN:MAX",
-            )
 
     def replicated_jobs(self) -> list[tuple[str, int, int]]:
         """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs

@@ -88,7 +88,15 @@ PARAMETERS: dict[str, tuple[str, str]] = {
         "trainer (Kubeflow Trainer TrainJob), pytorchjob (Training Operator v1 PyTorchJob), job "
         "(Indexed Job) or local",
     ),
-    "nodes": ("2", "training nodes (pods)"),
+    "nodes": (
+        "2",
+        "training nodes (pods); MIN:MAX: an elastic job that goes on while at least MIN remain "
+        "(backend pytorchjob; needs max_restarts)",
+    ),
+    "max_restarts": (
+        "0",
+        "restarts of every node after one fails; with nodes MIN:MAX torchrun's --max-restarts",
+    ),
     "procs_per_node": (
         "auto",
         "processes per node; auto = one per GPU with gpu, else 1 (launcher mpi without gpu "
@@ -291,6 +299,7 @@ def add_tasks(
                     for name in (
                         "backend",
                         "nodes",
+                        "max_restarts",
                         "procs_per_node",
                         "launcher",
                         "strategy",

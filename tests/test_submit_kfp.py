@@ -73,7 +73,7 @@ def test_submit_creates_a_run_with_typed_parameters(kfp_api):
     assert run["display_name"] == "digits-fsdp"
     assert run["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "kubetrain-training"
     assert "pvcMount" in json.dumps(run["pipeline_spec"]["platform_spec"])
-    assert run["runtime_config"]["parameters"] == {"nodes": 4, "strategy": "fsdp", "lr": 0.01}
+    assert run["runtime_config"]["parameters"] == {"nodes": "4", "strategy": "fsdp", "lr": 0.01}
     assert run["experiment_id"] == "exp-1"
     # by default the server's account (pipeline-runner or default-editor), which `render rbac`
     # binds and which has what KFP's launcher reads (its artifact Secret, kfp-launcher), unlike
@@ -124,7 +124,8 @@ def test_an_empty_namespace_is_the_runs_own(kfp_api):
 
 @pytest.mark.parametrize(
     ("param", "message"),
-    [("gpus=2", "no parameter 'gpus'"), ("nodes=two", "nodes: 'two' is not a number_integer"),
+    [("gpus=2", "no parameter 'gpus'"), ("nodes=two", "nodes: 'two' is not N nor MIN:MAX"),
+     ("epochs=two", "epochs: 'two' is not a number_integer"),
      ("nodes", "is not NAME=VALUE"), ("command=torchrun x.py", "is not a list"),
      ("command={}", "is not a list")],
 )  # fmt: skip

@@ -41,7 +41,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "step finds the same job",
     )
     job.add_argument(
-        "--nodes", type=int, default=2, help="number of nodes (pods on a cluster); default 2"
+        "--nodes",
+        default="2",
+        metavar="N|MIN:MAX",
+        help="number of nodes (pods on a cluster); MIN:MAX runs an elastic job that goes on "
+        "while at least MIN nodes remain (backends local and pytorchjob; needs --max-restarts); "
+        "default 2",
     )
     job.add_argument(
         "--procs-per-node",
@@ -161,7 +166,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="after a node fails, restart every node up to N times (our trainer resumes from "
         "the newest checkpoint); on a cluster the runtime's JobSet failurePolicy.maxRestarts "
-        "does this and must be at least N; default 0",
+        "does this and must be at least N. With --nodes MIN:MAX: torchrun's --max-restarts "
+        "(each lost or joining node restarts the others at the new size); default 0",
     )
     job.add_argument(
         "--active-deadline-seconds",

@@ -13,7 +13,7 @@ def launch_trainjob(
     run_name: str = "",
     job_name: str = "",
     backend: str = "trainer",
-    nodes: int = 2,
+    nodes: str = "2",
     procs_per_node: str = "auto",
     strategy: str = "ddp",
     model: str = "mlp",
@@ -83,9 +83,11 @@ def launch_trainjob(
     job) as on the CLI. The other inputs are `kubetrain launch`'s options of the same names
     (``volumes``: texts ``NAME=CLAIM:/PATH[:ro]``; ``active_deadline_seconds`` 0: none).
 
-    ``max_restarts``: after a node fails, every node starts again up to this many times and
-    training resumes from the newest checkpoint (on a cluster the runtime's JobSet
-    ``failurePolicy.maxRestarts`` must allow it).
+    ``nodes``: a whole number, or ``MIN:MAX`` for an elastic job that goes on while at least
+    MIN nodes remain (backends pytorchjob and local). ``max_restarts``: after a node fails,
+    every node starts again up to this many times and training resumes from the newest
+    checkpoint (on a cluster the runtime's JobSet ``failurePolicy.maxRestarts`` must allow
+    it); for an elastic job, torchrun's ``--max-restarts`` (at least 1).
 
     ``strategy`` ``deepspeed`` trains with ZeRO stage ``zero_stage`` (1, 2 or 3), or with
     ``deepspeed_config``: a DeepSpeed JSON config as text, or a path this step can read,

@@ -49,7 +49,7 @@ from kubetrain.jobspec import (
     Toleration,
     TrainJobSpec,
     Volume,
-    nodes_text,
+    check_elastic,
     procs_gpu_mismatch,
     resolve_nodes,
     resolve_procs_per_node,
@@ -265,6 +265,8 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     refuse_mpi_launcher(request, backend)  # before a cluster is read or a dataset staged
     refuse_elastic(request.nodes, backend)
     min_nodes, max_nodes = resolve_nodes(request.nodes)
+    strategy = request.training.strategy if request.runs_our_trainer else ""
+    check_elastic(request.nodes, request.launcher, request.max_restarts, strategy)
     name = resolve_job_name(request.name, request.run_name)
     shared = request.shared_volume if backend != "local" else None
     volumes = (*request.volumes, shared) if shared is not None else request.volumes
@@ -287,13 +289,6 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     if mismatch := procs_gpu_mismatch(procs_per_node, request.resources.gpu):
         print(f"kubetrain: warning: {terminal_text(mismatch)}", file=sys.stderr)
     if request.runs_our_trainer:
-        if min_nodes is not None and training.strategy == "deepspeed":
-            raise InvalidInput(
-                "strategy",
-                f"deepspeed with elastic --nodes {nodes_text(min_nodes, max_nodes)}: a ZeRO "
-                "checkpoint resumes only at the world size that wrote it",
-                "use ddp or fsdp for an elastic job, or a fixed --nodes N with deepspeed",
-            )
         training.validate(world_size=max_nodes * procs_per_node)
     else:
         training.validate_locations()

@@ -44,7 +44,8 @@ def launch_trainjob_template(
         input_parameter("backend", "trainer (TrainJob), pytorchjob (PyTorchJob), job (Indexed "
                         "Job) or local", "trainer"),
         input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
-        input_parameter("nodes", "training nodes (pods)", "2"),
+        input_parameter("nodes", "training nodes (pods); MIN:MAX: an elastic job (backend "
+                        "pytorchjob; needs max_restarts)", "2"),
         input_parameter("procs_per_node", "processes per node; auto = one per GPU with gpu, "
                         "else 1 (launcher mpi without gpu needs a number)", "auto"),
         input_parameter("launcher", "what starts the processes: torchrun on every node, or "
@@ -66,7 +67,8 @@ def launch_trainjob_template(
         input_parameter("memory", "memory per node; empty = the runtime's", ""),
         input_parameter("gpu", "GPUs per node", "0"),
         input_parameter("max_restarts", "restarts of every node after one fails (the runtime's "
-                        "failurePolicy.maxRestarts must allow them)", "0"),
+                        "failurePolicy.maxRestarts must allow them); with nodes MIN:MAX "
+                        "torchrun's --max-restarts", "0"),
         input_parameter("storage_secret", "Secret with S3 endpoint and keys for s3:// data and "
                         "checkpoints; empty = none", ""),
         input_parameter("storage", "object storage (s3://bucket/prefix) for checkpoints; "

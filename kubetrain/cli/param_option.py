@@ -12,8 +12,15 @@ from typing import NamedTuple, TypeVar
 from kubetrain import rules
 from kubetrain.backends.base import BACKENDS
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import AUTO_PROCS, DEFAULT_RUNTIME, resolve_procs_per_node
-from kubetrain.render import refuse_mpi_launcher
+from kubetrain.jobspec import (
+    AUTO_PROCS,
+    DEFAULT_RUNTIME,
+    MAX_RESTARTS,
+    check_elastic,
+    resolve_nodes,
+    resolve_procs_per_node,
+)
+from kubetrain.render import refuse_elastic, refuse_mpi_launcher
 from kubetrain.rules import LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 T = TypeVar("T")
@@ -139,7 +146,8 @@ def _stall_timeout(text: str, field: str) -> None:
 # outputs.
 VALUE_RULES: dict[str, Rule] = {
     # The launch step's parameters, with the rules of TrainingOptions and TrainJobSpec.
-    "nodes": _whole(1, "2"),
+    "nodes": Rule(resolve_nodes, "2"),
+    "max_restarts": _whole(0, "3", high=MAX_RESTARTS),
     "procs_per_node": Rule(_procs_per_node, "auto"),
     "epochs": _whole(1, "10"),
     "keep_checkpoints": _whole(0, "3"),
@@ -207,3 +215,23 @@ def check_launcher(values: Mapping[str, object], option: Callable[[str], str]) -
             "is auto with launcher mpi and no GPU: the hostfile needs the slots per node",
             "give the processes per node, e.g. 2",
         )
+
+
+def check_elastic_values(
+    values: Mapping[str, object], option: Callable[[str], str], own_program: bool = False
+) -> None:
+    """Refuse ``nodes`` MIN:MAX where launch would, before a step runs: on a backend without
+    elastic jobs (``render.refuse_elastic``), with launcher mpi, without restarts, with
+    deepspeed (``jobspec.check_elastic``). ``values`` holds the run's parameters (text or
+    numbers); ``option(name)`` is how the face names a parameter; ``own_program``: the user's
+    program runs, not our trainer, so ``strategy`` is not used."""
+    nodes = str(values.get("nodes", "2"))
+    refuse_elastic(nodes, str(values.get("backend", "trainer")), option("nodes"))
+    restarts = str(values.get("max_restarts", "0"))
+    check_elastic(
+        nodes,
+        str(values.get("launcher", "torchrun")),
+        int(restarts) if restarts.isdigit() else -1,
+        "" if own_program else str(values.get("strategy", "ddp")),
+        option,
+    )

@@ -19,7 +19,7 @@ from kubetrain import bounded_json
 from kubetrain.backends.base import BACKENDS
 from kubetrain.cli.run_output import RunOutput, colour_wanted, kfp_output_shaped
 from kubetrain.errors import InvalidInput, JobNotFound, KubetrainError, terminal_text
-from kubetrain.jobspec import AUTO_PROCS, resolve_procs_per_node
+from kubetrain.jobspec import AUTO_PROCS, resolve_nodes, resolve_procs_per_node
 from kubetrain.rules import BUILTIN_MODELS, DEFAULT_ZERO_STAGE, LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 
@@ -40,7 +40,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="sklearn:digits",
         help="dataset source (see `kubetrain prep --help`); default sklearn:digits",
     )
-    parser.add_argument("--nodes", type=int, default=2, help="training nodes; default 2")
+    parser.add_argument(
+        "--nodes",
+        default="2",
+        metavar="N|MIN:MAX",
+        help="training nodes; MIN:MAX runs an elastic job that goes on while at least MIN "
+        "nodes remain (backends local and pytorchjob; needs --max-restarts); default 2",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="after a node fails, restart every node up to N times, resuming from the newest "
+        "checkpoint; with --nodes MIN:MAX torchrun's --max-restarts (each lost or joining node "
+        "restarts the others at the new size); default 0",
+    )
     parser.add_argument(
         "--procs-per-node",
         default=AUTO_PROCS,
@@ -212,6 +226,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 #: (pipeline parameter, argument, option) checked before the pipeline starts.
 CHECKED = (
     ("nodes", "nodes", "--nodes"),
+    ("max_restarts", "max_restarts", "--max-restarts"),
     ("model", "model", "--model"),
     ("epochs", "epochs", "--epochs"),
     ("keep_checkpoints", "keep_checkpoints", "--keep-checkpoints"),
@@ -227,7 +242,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
     """Refuse what a step would refuse before the pipeline starts: found by a step, a bad value
     fails the run only after the steps before it have written their outputs."""
     from kubetrain import storage
-    from kubetrain.cli.param_option import check_launcher, check_value
+    from kubetrain.cli.param_option import check_elastic_values, check_launcher, check_value
     from kubetrain.components.dataset_prep.prep import check_source
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.components.launch_trainjob.launch import check_model_imports
@@ -242,6 +257,15 @@ def validate_arguments(args: argparse.Namespace) -> None:
         "gpu": 0,  # `kubetrain run`'s nodes ask for none
     }
     check_launcher(launch_values, lambda name: "--" + name.replace("_", "-"))
+    elastic_values = {
+        **launch_values,
+        "nodes": args.nodes,
+        "max_restarts": args.max_restarts,
+        "strategy": args.strategy,
+    }
+    check_elastic_values(
+        elastic_values, lambda name: "--" + name.replace("_", "-"), own_program=bool(program(args))
+    )
     deepspeed_config_for_steps(args.deepspeed_config)
     if args.strategy == "deepspeed":
         check_deepspeed(args)
@@ -302,7 +326,7 @@ def check_deepspeed(args: argparse.Namespace) -> None:
         deepspeed_config=args.deepspeed_config,
         batch_size=args.batch_size,
     )
-    world_size = args.nodes * resolve_procs_per_node(args.procs_per_node, 0)
+    world_size = resolve_nodes(args.nodes)[1] * resolve_procs_per_node(args.procs_per_node, 0)
     options.validate_deepspeed(world_size)
 
 
@@ -428,6 +452,7 @@ def run(args: argparse.Namespace) -> int:
                 dataset_source=args.dataset,
                 seed=args.seed,
                 nodes=args.nodes,
+                max_restarts=args.max_restarts,
                 procs_per_node=args.procs_per_node,
                 strategy=args.strategy,
                 zero_stage=args.zero_stage,

@@ -14,7 +14,12 @@ from typing import NamedTuple
 
 from kubetrain import bounded_json, rules
 from kubetrain.cli import submit_argo
-from kubetrain.cli.param_option import check_launcher, check_value, split_param
+from kubetrain.cli.param_option import (
+    check_elastic_values,
+    check_launcher,
+    check_value,
+    split_param,
+)
 from kubetrain.cli.submit_argo import MAX_PACKAGE_BYTES
 from kubetrain.errors import InvalidInput, KubetrainError, reading, terminal_text
 from kubetrain.user_files import read_user_file
@@ -167,6 +172,7 @@ def check_run_parameters(values: Mapping[str, object]) -> None:
     if "dataset_source" in values:
         check_dataset_source(str(values["dataset_source"]), "--param dataset_source")
     check_launcher(values, lambda name: f"--param {name}")
+    check_elastic_values(values, lambda name: f"--param {name}", own_program=bool(command))
 
 
 def check_dataset_source(source: str, field: str) -> None:

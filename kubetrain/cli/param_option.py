@@ -227,11 +227,11 @@ def check_elastic_values(
     program runs, not our trainer, so ``strategy`` is not used."""
     nodes = str(values.get("nodes", "2"))
     refuse_elastic(nodes, str(values.get("backend", "trainer")), option("nodes"))
-    restarts = str(values.get("max_restarts", "0"))
+    restarts = values.get("max_restarts", 0)  # a KFP default is a float: 0.0
     check_elastic(
         nodes,
         str(values.get("launcher", "torchrun")),
-        int(restarts) if restarts.isdigit() else -1,
+        int(float(str(restarts))),  # max_restarts's own rule (VALUE_RULES) has passed it
         "" if own_program else str(values.get("strategy", "ddp")),
         option,
     )

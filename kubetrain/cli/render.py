@@ -103,8 +103,9 @@ def _register_pytorchjob(kinds: argparse._SubParsersAction) -> None:
         description=(
             "Print the PyTorchJob `kubetrain launch --backend pytorchjob` would submit to a "
             "cluster running Kubeflow Training Operator 1.8/1.9, with the same options: a "
-            "Master and nodes - 1 Workers running container pytorch, valid against the "
-            "operator's v1.9 CRD. With --script, the script's ConfigMap comes first."
+            "Master and nodes - 1 Workers running container pytorch (--nodes MIN:MAX: MAX "
+            "Workers and an elasticPolicy), valid against the operator's v1.9 CRD. With "
+            "--script, the script's ConfigMap comes first."
         ),
     )
     add_backend_arguments(pytorchjob, creates=True)

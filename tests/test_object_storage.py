@@ -162,7 +162,8 @@ def test_resume_from_s3_in_a_new_run(s3_env, s3_runs, s3_digits: str, free_port)
     args = train_args(s3_digits, ckpt, "--strategy", "fsdp", "--epochs", "4")  # type: ignore[arg-type]
     result = run_python(torchrun(free_port(), *args), s3_env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resumed from {ckpt}/epoch-000003: epoch 3" in result.stdout
+    step = read_manifest(f"{ckpt}/epoch-000003")["step"]
+    assert f"resumed epoch 3 at world size 2: step {step} from {ckpt}/epoch-000003" in result.stdout
     assert read_manifest(latest_checkpoint(ckpt))["epoch"] == 4
 
 

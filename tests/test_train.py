@@ -98,7 +98,11 @@ def test_single_process_checkpoints_every_epoch_and_resumes(
 
     resumed = run_python(train_args(digits_dir, ckpt, "--epochs", "3"))
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {ckpt / 'epoch-000002'}: epoch 2" in resumed.stdout
+    resumed_from = ckpt / "epoch-000002"
+    assert (
+        f"resumed epoch 2 at world size 1: step {2 * steps_per_epoch} from {resumed_from}"
+        in resumed.stdout
+    )
     lines = epoch_lines(resumed.stdout)
     assert [m.group(1, 2) for m in lines] == [("3", "3")]  # epochs 1 and 2 are not redone
     assert int(lines[0].group(3)) == 3 * steps_per_epoch
@@ -216,7 +220,11 @@ def test_fsdp_resumes_a_ddp_checkpoint(
     args = train_args(digits_dir, ckpt, "--strategy", "fsdp", "--epochs", "11")
     result = run_python(torchrun(free_port(), *args), timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resumed from {ckpt / 'epoch-000010'}: epoch 10" in result.stdout
+    step = read_manifest(ckpt / "epoch-000010")["step"]
+    assert (
+        f"resumed epoch 10 at world size 2: step {step} from {ckpt / 'epoch-000010'}"
+        in result.stdout
+    )
     assert [int(m.group(1)) for m in epoch_lines(result.stdout)] == [11]
     manifest = read_manifest(latest_checkpoint(ckpt))
     assert (manifest["epoch"], manifest["strategy"]) == (11, "fsdp")

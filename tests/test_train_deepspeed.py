@@ -312,13 +312,17 @@ def zero3_under_mpirun(digits_dir: Path, ckpt: Path, port: int) -> None:
 
 def resumed_under_torchrun_and_pruned(digits_dir: Path, ckpt: Path, run_python, port: int) -> dict:
     """The same job resumed by torchrun to epoch 3 keeping 1 checkpoint; the last manifest."""
+    step = read_manifest(ckpt / "epoch-000001")["step"]
     resumed = run_python(
         torchrun(port, *train_args(digits_dir, ckpt, "--strategy", "deepspeed", "--zero-stage",
                                    "3", "--epochs", "3", "--keep-checkpoints", "1",
                                    "--tensorboard-dir", ""))
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {ckpt / 'epoch-000001'}: epoch 1" in resumed.stdout
+    assert (
+        f"resumed epoch 1 at world size 2: step {step} from {ckpt / 'epoch-000001'}"
+        in resumed.stdout
+    )
     assert [int(m.group(1)) for m in epoch_lines(resumed.stdout)] == [2, 3]
     assert (ckpt / "LATEST").read_text().strip() == "epoch-000003"
     assert sorted(p.name for p in ckpt.glob("epoch-*")) == ["epoch-000002", "epoch-000003"]

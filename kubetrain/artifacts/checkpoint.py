@@ -36,6 +36,11 @@ How a checkpoint is written, so that a crash never leaves a half-written one tha
    the folder and renames it to ``epoch-000003`` (:func:`kubetrain.storage.atomic.publish_dir`);
 4. rank 0 atomically rewrites ``LATEST``.
 
+A rank that dies before the barrier (a node lost mid-save in an elastic job) fails the
+collective rank 0 waits in, and torchrun's agent stops rank 0: the attempt leaves only its
+hidden staging folder, which the next save of that epoch removes
+(tests/test_train_elastic.py kills rank 1 as it writes its FSDP shard).
+
 A folder has one writer: the training job's rank 0 holds an ``flock`` on ``CKPT_DIR/.lock``
 for the whole run (:func:`lock_checkpoint_dir`, the holder's identity written inside), so a
 second job given the same folder stops at once instead of overwriting its epochs and flipping
@@ -657,7 +662,8 @@ def restore_checkpoint(
 ) -> dict[str, Any]:
     """Load model and optimizer state (collective); return the manifest with epoch, step, metrics.
 
-    Works across strategies and world sizes (a ddp checkpoint into an FSDP model and back).
+    Works across strategies and world sizes (a ddp checkpoint into an FSDP model and back;
+    DCP reshards an fsdp checkpoint to this run's ranks as it loads it).
     Optimizer hyperparameters stay those of ``optimizer``, so a resumed run follows its
     command line (e.g. a new --lr). A deepspeed checkpoint goes back into the DeepSpeed engine
     ``model`` (``optimizer`` None) that wrote it, with the same ZeRO stage and world size.

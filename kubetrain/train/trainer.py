@@ -153,9 +153,21 @@ def step_history(stats: EpochStats, epoch: int, first_step: int, world_size: int
 
 
 def _env_count(name: str) -> int | None:
-    """A whole number from the environment, or None (absent, or torchrun's elastic ``1:4``)."""
+    """A whole number from the environment, or None (absent, or not a whole number)."""
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def resume_line(checkpoint: str, manifest: Mapping[str, Any], world_size: int) -> str:
+    """The one line rank 0 prints on resuming: the epoch and step it continues after, the
+    world size it continues at and, when it differs (an elastic job that lost or gained a
+    node), the one the checkpoint was written at."""
+    written_at = manifest["world_size"]
+    was = f" (was {written_at})" if written_at != world_size else ""
+    return (
+        f"resumed epoch {manifest['epoch']} at world size {world_size}{was}: "
+        f"step {manifest['step']} from {checkpoint}"
+    )
 
 
 def _deepspeed_hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
@@ -171,13 +183,14 @@ def _deepspeed_hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def hyperparameters(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
-    """What the report shows of how the model was trained. Nodes and processes per node come
-    from the torchrun environment: ``PET_NNODES``, which the Trainer sets on each node
-    (kubeflow/trainer v2.3.0 pkg/constants/constants.go TorchEnvNumNodes), and
-    ``LOCAL_WORLD_SIZE``, which torchrun sets for each worker (torch/distributed/run.py);
-    without them (one process), from the world size."""
+    """What the report shows of how the model was trained, by this attempt: nodes and
+    processes per node as they are now, from what torchrun's agent sets for each worker
+    (torch/distributed/elastic/agent/server/local_elastic_agent.py ``_start_workers``):
+    ``GROUP_WORLD_SIZE``, the nodes in this rendezvous round, and ``LOCAL_WORLD_SIZE``. Not
+    ``PET_NNODES``: an elastic job's is the range ``MIN:MAX``, not the nodes it got. Without
+    them (one process; mpirun sets LOCAL_WORLD_SIZE), from the world size."""
     procs = _env_count("LOCAL_WORLD_SIZE") or runtime.world_size
-    nodes = _env_count("PET_NNODES") or max(runtime.world_size // procs, 1)
+    nodes = _env_count("GROUP_WORLD_SIZE") or max(runtime.world_size // procs, 1)
     return {
         "model": options.model,
         "dataset": options.dataset if options.dataset != "prepared" else options.data,
@@ -282,7 +295,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
         metrics = list(manifest["metrics"])
         history = list(manifest.get("history", []))
         clock.resume(manifest.get("run"))
-        reporter.line(f"resumed from {last}: epoch {manifest['epoch']} step {step}")
+        reporter.line(resume_line(last, manifest, runtime.world_size))
     trained = hyperparameters(options, runtime)
 
     train_x, train_y = on_device_if_it_fits(data.train_x, data.train_y, runtime.device)
@@ -324,6 +337,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
                 f"{split}_loss": eval_loss,
                 f"{split}_accuracy": eval_accuracy,
                 "samples_per_second": stats.samples / max(stats.seconds, 1e-9),
+                "world_size": runtime.world_size,  # an elastic job's may change on a resume
             }
             metrics.append(record)
             reporter.line(epoch_line(record, options.epochs))

@@ -31,7 +31,7 @@ from tests.support.tiny_filesystem import (
 )
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .*test_accuracy ([0-9.]+)")
-RESUMED_LINE = re.compile(r"resumed from \S+: epoch (\d+)")
+RESUMED_LINE = re.compile(r"resumed epoch (\d+) at world size")
 
 
 def kubetrain(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -154,7 +154,7 @@ def test_a_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(
     resumed = [int(m.group(1)) for m in RESUMED_LINE.finditer(log)]
     assert len(resumed) == 1, log
     assert newest_at_kill <= resumed[0] < epochs  # the newest checkpoint at (or after) the kill
-    after_restart = log[log.index("resumed from") :]
+    after_restart = log[log.index("resumed epoch") :]
     epochs_after = [int(m.group(1)) for m in map(EPOCH_LINE.match, after_restart.splitlines()) if m]
     assert epochs_after == list(range(resumed[0] + 1, epochs + 1)), "no epoch redone or skipped"
 

@@ -24,11 +24,13 @@ from kubetrain.artifacts.checkpoint import (
     verify_checkpoint,
 )
 from kubetrain.artifacts.models import build_classifier
-from kubetrain.train import distributed
+from kubetrain.errors import KubetrainError, failure_line
+from kubetrain.train import distributed, trainer
 from kubetrain.train.__main__ import main
 from kubetrain.train.data import train_loader
-from kubetrain.train.distributed import Runtime, wrap_model
+from kubetrain.train.distributed import Runtime, lost_peer, wrap_model
 from kubetrain.train.options import parse_options
+from kubetrain.train.progress import SilentReporter
 from kubetrain.train.trainer import hyperparameters, make_optimizer, resume_line
 
 BATCH = 32  # the trainer's default --batch-size
@@ -97,6 +99,39 @@ def test_the_sampler_reshards_the_data_by_the_world_size(world_size: int) -> Non
         assert len(batches) == math.ceil(math.ceil(total / world_size) / batch)
         seen += shard
     assert set(seen) == set(range(total))
+
+
+#: What a gloo collective raised on rank 0 when rank 1's process died (torch 2.13, here).
+GLOO_PEER_ERRORS = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:34229. This is typically caused by a remote worker crashing. Check the "
+    "logs of the remote worker before reporting an error. GLHF!",
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:13196: Connection reset by peer. This is typically caused by a remote worker "
+    "hanging or bugs in the application code.",
+)
+
+
+@pytest.mark.parametrize("message", GLOO_PEER_ERRORS)
+def test_a_collective_failing_on_a_lost_peer_is_said_so_not_called_our_bug(
+    message: str, digits_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Every surviving rank of an elastic job that loses a node fails its collective so; its
+    log says a process was lost (the lost one's log says why), not "a bug in kubetrain"."""
+
+    def collective_fails(*args: Any) -> None:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(trainer, "_train", collective_fails)
+    options = parse_options(train_args(digits_dir, tmp_path / "ckpt"))
+    two_ranks = Runtime(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    with pytest.raises(KubetrainError) as raised:
+        trainer.run(options, two_ranks, SilentReporter())
+    line, code = failure_line(raised.value)
+    assert line.startswith("another process of this job was lost (gloo: Connection ")
+    assert "--max-restarts" in line and "bug" not in line and code == 1
+    assert lost_peer(RuntimeError("[gloo/transport/tcp/pair.cc:1] Timed out waiting")) is None
+    assert lost_peer(ValueError(message)) is None
 
 
 # --- an fsdp checkpoint of 2 ranks restored whole on 1 --------------------------------------
@@ -274,6 +309,7 @@ def test_an_fsdp_run_shrinks_grows_and_a_peer_lost_mid_save_publishes_nothing(
     assert grown.returncode != 0, grown.stdout[-2000:]
     assert "exitcode  : -9" in grown.stderr, grown.stderr[-3000:]  # torchrun's report of rank 1
     injected.struck("rank 1 was SIGKILLed as it began writing its shard of epoch 5")
+    assert "bug in kubetrain" not in grown.stderr  # rank 0's collective failed on a lost peer
     assert "resumed epoch 3 at world size 2 (was 1): " in grown.stdout
     assert f"checkpoint saved: {ckpt / 'epoch-000004'}" in grown.stdout
     assert f"checkpoint saved: {ckpt / 'epoch-000005'}" not in grown.stdout

@@ -197,6 +197,26 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
+#: What gloo's TCP transport says, in the plain RuntimeError a collective raises, when the
+#: process at the other end of a connection died (gloo/transport/tcp/pair.cc, as torch 2.13
+#: vendors it: "Connection closed by peer [ADDR]:PORT", "Read error [ADDR]:PORT: Connection
+#: reset by peer"). torch gives no exception type of its own for it.
+GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """Why a collective failed when it failed because another process of the job died (a rank
+    that crashed, a node lost from an elastic job), in a few words; None for any other error.
+    Besides gloo's transport errors, torch's DistNetworkError: the rendezvous store's
+    connection lost with the node that served it."""
+    if isinstance(exc, dist.DistNetworkError):
+        return " ".join(str(exc).split())[:200] or type(exc).__name__
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and "gloo" in text:
+        return next((f"gloo: {sign}" for sign in GLOO_PEER_GONE if sign in text), None)
+    return None
+
+
 def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
     """Sum per-rank totals (loss sums, counts) over all ranks, in float64 to keep counts exact."""
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)

@@ -26,7 +26,7 @@ from kubetrain.artifacts.models import build_classifier
 from kubetrain.errors import InvalidInput, KubetrainError
 from kubetrain.names import JOB_NAME_ENV
 from kubetrain.train.data import load_data, on_device_if_it_fits, train_loader
-from kubetrain.train.distributed import Runtime, wrap_model
+from kubetrain.train.distributed import Runtime, lost_peer, wrap_model
 from kubetrain.train.events import open_event_files
 from kubetrain.train.loop import EpochStats, TorchUpdates, Updates, evaluate, train_epoch
 from kubetrain.train.options import TrainOptions
@@ -248,13 +248,25 @@ class RunClock:
 
 def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
     """Train to ``options.epochs``, as the only job writing ``options.checkpoint_dir``; return
-    the last checkpoint written or resumed from."""
-    lock = _hold_checkpoint_dir(options.checkpoint_dir, runtime)
+    the last checkpoint written or resumed from. A collective that fails because another
+    process of the job died is said so in one line, not as a bug of ours: in an elastic job
+    it is how every surviving rank learns that a node was lost."""
     try:
-        return _train(options, runtime, reporter)
-    finally:
-        if lock is not None:
-            lock.release()
+        lock = _hold_checkpoint_dir(options.checkpoint_dir, runtime)
+        try:
+            return _train(options, runtime, reporter)
+        finally:
+            if lock is not None:
+                lock.release()
+    except RuntimeError as exc:
+        reason = lost_peer(exc) if runtime.world_size > 1 else None
+        if reason is None:
+            raise
+        raise KubetrainError(
+            f"another process of this job was lost ({reason}); its own log says why. torchrun "
+            "restarts the job from the newest checkpoint while --max-restarts allows, an "
+            "elastic job (--nodes MIN:MAX) with the nodes left"
+        ) from exc
 
 
 def _prepare(

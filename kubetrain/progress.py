@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 
 from kubetrain import bounded_json
 
 PREFIX = "kubetrain-progress "
+#: How a line from whatever runs the nodes (the local supervisor, wait on a cluster) starts.
+NOTICE = "kubetrain: "
+#: An elastic job's membership as a notice states it: "1 of 1..2 nodes" (live of MIN..MAX).
+_MEMBERSHIP = re.compile(r"\b(\d+) of (\d+)\.\.(\d+) nodes\b")
 
 
 @dataclass(frozen=True)
@@ -109,3 +114,28 @@ def _is_whole(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def node_range(min_nodes: int, max_nodes: int) -> str:
+    """An elastic job's nodes as status, list and notices show them: "1..2"."""
+    return f"{min_nodes}..{max_nodes}"
+
+
+def membership(live_nodes: int, nodes: str) -> str:
+    """An elastic job's membership: "1 of 1..2 nodes" (nodes training now, of ``nodes``, its
+    ``node_range``)."""
+    return f"{live_nodes} of {nodes} nodes"
+
+
+def parse_membership(line: str) -> str | None:
+    """The membership a notice about an elastic job's nodes states (``NOTICE`` then e.g.
+    "node 1 lost (killed by SIGKILL); continuing with 1 of 1..2 nodes"), or None for any
+    other line: the live display keeps the latest in view."""
+    text = line.strip()
+    if not text.startswith(NOTICE):
+        return None
+    found = _MEMBERSHIP.findall(text)
+    if not found:
+        return None
+    live, low, high = found[-1]
+    return membership(int(live), node_range(int(low), int(high)))

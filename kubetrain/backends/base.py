@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.progress import membership
 
 BACKENDS = ("local", "trainer", "job", "pytorchjob")
 TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
@@ -41,8 +42,13 @@ class JobStatus:
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
-    #: How many times every node was restarted after a node failed (``spec.max_restarts``).
+    #: How many times every node was restarted after a node failed (``spec.max_restarts``);
+    #: for an elastic job, how many times a lost node was started again.
     restarts: int = 0
+    #: An elastic job's node range, e.g. "1..2" (``progress.node_range``); "" for a fixed size.
+    node_range: str = ""
+    #: An elastic job's nodes training now (lost ones and ones still rejoining left out).
+    live_nodes: int | None = None
     #: The failing node's last log lines, when the backend read them before releasing the job
     #: (its pods, and their logs, may be gone by the time anyone asks).
     log_tail: list[str] = field(default_factory=list)
@@ -50,6 +56,13 @@ class JobStatus:
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def membership(self) -> str:
+        """An elastic job's nodes now, e.g. "1 of 1..2 nodes"; "" for a fixed-size job."""
+        if not self.node_range or self.live_nodes is None:
+            return ""
+        return membership(self.live_nodes, self.node_range)
 
     @property
     def failed_node(self) -> NodeStatus | None:
@@ -69,13 +82,14 @@ class JobStatus:
 
 @dataclass(frozen=True)
 class JobRow:
-    """One line of `kubetrain list`, the same for local and cluster jobs; ``nodes`` is None
-    when the job's record does not say."""
+    """One line of `kubetrain list`, the same for local and cluster jobs. ``nodes``: a count,
+    an elastic job's range ("1..2") or its live count in it ("1 of 1..2"); None when the job's
+    record does not say."""
 
     name: str
     state: str
     age_seconds: float
-    nodes: int | None
+    nodes: int | str | None
 
 
 #: ``stall_timeout`` as a backend takes it: seconds, or a callable asked at each check (wait's,

@@ -103,9 +103,11 @@ class LocalBackend:
         spec.validate()
         processes, limit = spec.num_nodes * spec.procs_per_node, max_local_processes()
         if processes > limit:
+            # An elastic job starts MAX nodes: the cap is on its largest size.
+            nodes = f"MAX {spec.num_nodes} of {spec.nodes_text}" if spec.elastic else spec.num_nodes
             raise InvalidInput(
                 "nodes",
-                f"{spec.num_nodes} node(s) x {spec.procs_per_node} process(es) = {processes} "
+                f"{nodes} node(s) x {spec.procs_per_node} process(es) = {processes} "
                 f"processes on this machine, more than the local limit of {limit}",
                 f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
             )

@@ -58,11 +58,12 @@ def read_status(job_dir: Path) -> JobStatus:
     return JobStatus.from_dict(record)
 
 
-def recorded_nodes(job_dir: Path) -> int | None:
-    """``spec.num_nodes`` of ``job.json``, as launch wrote it; None when unreadable."""
+def recorded_nodes(job_dir: Path, field: str = "num_nodes") -> int | None:
+    """``spec.num_nodes`` (or another count, ``min_nodes``) of ``job.json``, as launch wrote
+    it; None when unreadable or absent."""
     try:
-        nodes = read_record(job_dir / "job.json")["spec"]["num_nodes"]
-    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        nodes = read_record(job_dir / "job.json")["spec"].get(field)
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
         return None
     return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 

@@ -8,11 +8,13 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from kubetrain.backends.base import JobRow
+from kubetrain.backends.base import RUNNING, JobRow, JobStatus
 from kubetrain.backends.local.backend import LocalBackend
 from kubetrain.backends.local.files import read_status, recorded_nodes
 from kubetrain.errors import KubetrainError
+from kubetrain.progress import node_range
 
 #: A job folder whose status.json cannot be read (being replaced, or damaged).
 UNKNOWN = "Unknown"
@@ -39,6 +41,7 @@ def list_local_jobs(
             continue
         if not stat.S_ISREG(status_file.st_mode):
             continue
+        status = None
         try:
             _check_created_at(read_status(job_dir).created_at)
             status = backend.status(job_dir.name)
@@ -48,9 +51,21 @@ def list_local_jobs(
             if on_unreadable is not None:
                 on_unreadable(job_dir.name, str(error) or type(error).__name__)
         rows.append(
-            JobRow(job_dir.name, state, max(0.0, now - created_at), recorded_nodes(job_dir))
+            JobRow(job_dir.name, state, max(0.0, now - created_at), _nodes(job_dir, status))
         )
     return rows
+
+
+def _nodes(job_dir: Path, status: JobStatus | None) -> int | str | None:
+    """The NODES cell: the job's node count; for an elastic job its range ("1..2"), and
+    while it runs the nodes training in it ("1 of 1..2")."""
+    max_nodes, min_nodes = recorded_nodes(job_dir), recorded_nodes(job_dir, "min_nodes")
+    if max_nodes is None or min_nodes is None:
+        return max_nodes
+    nodes = node_range(min_nodes, max_nodes)
+    if status is not None and status.state == RUNNING and status.live_nodes is not None:
+        return f"{status.live_nodes} of {nodes}"
+    return nodes
 
 
 def _check_created_at(created_at: object) -> None:

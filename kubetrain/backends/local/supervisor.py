@@ -7,7 +7,8 @@ and either starts every node again (up to ``spec.max_restarts`` times) or fails 
 JobSet's failure policy does; it stops every node when it is itself terminated. It owns the
 job's processes (``owned_processes``): a child subreaper, so what a node leaves behind, even
 without the job's identity in its environment, stays below it, and is stopped when the job
-ends, Complete included, as a pod's processes end with its container.
+ends, Complete included, as a pod's processes end with its container. An elastic job
+(``--nodes MIN:MAX``) is followed by ``elastic`` instead, as a PyTorchJob's elasticPolicy runs.
 Run as ``python -m kubetrain.backends.local.supervisor DIR``.
 """
 
@@ -149,6 +150,11 @@ def supervise(job_dir: Path) -> JobStatus:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda sig, _frame: stop_requested.append(sig))
     owned_processes.become_owner()
+    if spec.elastic:
+        # Imported here: it builds on this module's helpers.
+        from kubetrain.backends.local.elastic import supervise_elastic
+
+        return supervise_elastic(job_dir, spec, record["cwd"], status, stop_requested)
 
     while True:
         attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(log_count(spec))]
@@ -263,19 +269,7 @@ def start_nodes(
         return start_failed(job_dir, spec, status, processes, exc)
     for rank, (command, env) in enumerate(planned):
         try:
-            if spec.working_dir:
-                Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
-            with open(node_log(job_dir, rank), "ab") as log:
-                processes.append(
-                    owned_processes.start(
-                        command,
-                        env=env,
-                        cwd=run_in,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+            processes.append(start_node(job_dir, spec, run_in, rank, command, env))
         except OSError as exc:
             return start_failed(job_dir, spec, status, processes, exc)
     status.state, status.failed_rank = RUNNING, None
@@ -288,6 +282,29 @@ def start_nodes(
     return processes
 
 
+def start_node(
+    job_dir: Path,
+    spec: TrainJobSpec,
+    run_in: str,
+    rank: int,
+    command: list[str],
+    env: dict[str, str],
+) -> subprocess.Popen:
+    """Start node ``rank``'s process (the job's own, in ``owned_processes``' sense), its
+    output appended to its log."""
+    if spec.working_dir:
+        Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
+    with open(node_log(job_dir, rank), "ab") as log:
+        return owned_processes.start(
+            command,
+            env=env,
+            cwd=run_in,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def start_failed(
     job_dir: Path,
     spec: TrainJobSpec,
@@ -298,15 +315,17 @@ def start_failed(
     """Record the job Failed (StartError) for the process that could not start, said in its
     log too, and stop the ones already started."""
     rank = len(processes)
-    with open(node_log(job_dir, rank), "ab") as log:
-        log.write(f"cannot start {spec.command[0]}: {error}\n".encode())
     stop_nodes(processes)
     status.failed_rank = rank
-    finish(
-        job_dir, status, FAILED, "StartError", f"node {rank} could not start "
-        f"{spec.command[0]}: {error}"
-    )  # fmt: skip
+    finish(job_dir, status, FAILED, "StartError", start_error(job_dir, spec, rank, error))
     return processes
+
+
+def start_error(job_dir: Path, spec: TrainJobSpec, rank: int, error: OSError) -> str:
+    """Why node ``rank`` did not start, written to its log; returns the job's message."""
+    with open(node_log(job_dir, rank), "ab") as log:
+        log.write(f"cannot start {spec.command[0]}: {error}\n".encode())
+    return f"node {rank} could not start {spec.command[0]}: {error}"
 
 
 def follow_nodes(

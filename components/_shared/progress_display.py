@@ -1,6 +1,8 @@
 """How `wait`, `logs` and `kubetrain run` show rank 0's log: its lines as they are, and its
 progress records (``kubetrain.progress``) as a live bar on a terminal, or, off one, as a
-plain line only when nothing was said for a while, so a redirected log stays concise.
+plain line only when nothing was said for a while, so a redirected log stays concise. An
+elastic job's membership notices are lines like any other, and the bar keeps the latest
+count in view ("1 of 1..2 nodes").
 
 ``KUBETRAIN_PROGRESS`` overrides the choice: ``records`` passes the records on untouched (a
 step whose output a parent process draws, as `kubetrain run` does for its wait step),
@@ -16,7 +18,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
-from kubetrain.progress import Progress, format_seconds, parse_record
+from kubetrain.progress import Progress, format_seconds, parse_membership, parse_record
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -49,6 +51,8 @@ class ProgressDisplay:
         self.mode = mode or display_mode(self.stream)
         self.indent = indent
         self.last: Progress | None = None
+        #: An elastic job's membership as its last notice stated it ("1 of 1..2 nodes").
+        self.membership = ""
         self._last_output = time.monotonic()
         self._bar: RichProgress | None = None
         self._task: int | None = None
@@ -68,6 +72,10 @@ class ProgressDisplay:
         """Show one log line: a progress record as the mode says, any other line as it is."""
         record = parse_record(line)
         if record is None or self.mode == RECORDS:
+            if (membership := parse_membership(line)) is not None:
+                self.membership = membership
+                if self.last is not None and self._bar is not None:
+                    self._draw(self.last)
             self.print(line)
             return
         self.last = record
@@ -104,13 +112,14 @@ class ProgressDisplay:
             loss=f"loss {record.loss:.4f}",
             rate=f"{record.samples_per_second:,.0f} samples/s",
             eta=eta,
+            nodes=self.membership,
             refresh=True,  # drawn now: a print above the bar shows its last drawn state
         )
 
 
 def _start_bar(stream: TextIO) -> tuple[RichProgress, int]:
     """The bar: epoch, bar over the whole run, batch, loss, samples/s, ETA (rank 0's own
-    estimate, which knows the epochs still to come)."""
+    estimate, which knows the epochs still to come), and an elastic job's nodes."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
@@ -121,10 +130,11 @@ def _start_bar(stream: TextIO) -> tuple[RichProgress, int]:
         TextColumn("{task.fields[loss]}"),
         TextColumn("{task.fields[rate]}"),
         TextColumn("{task.fields[eta]}"),
+        TextColumn("{task.fields[nodes]}"),
         console=Console(file=stream),
         transient=True,
         auto_refresh=False,  # nothing moves between records; each record draws the bar
     )
-    task = bar.add_task("", total=1.0, batch="", loss="", rate="", eta="")
+    task = bar.add_task("", total=1.0, batch="", loss="", rate="", eta="", nodes="")
     bar.start()
     return bar, task

@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(other ranks' tagged lines left out, torchrun's failure report folded to one line: "
             "`kubetrain logs --all-ranks`/`--raw` show them), its progress records as a live "
             "bar on a terminal (off one, a progress line when nothing was said for 30 s). "
+            "An elastic job's node changes come as lines of their own (kubetrain: node 1 lost "
+            "...; continuing with 1 of 1..2 nodes), its nodes on the bar and the last line. "
             "SIGTERM (a cancelled pipeline run) or Ctrl-C stops the job (on a cluster: deletes "
             "or suspends it) before exiting 143 or 130."
         ),
@@ -94,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
             options=options.validate(),
             stall_timeout_seconds=args.stall_timeout,
         )
+    membership = f" ({result.membership})" if result.membership else ""  # an elastic job's
     print(
         f"job {terminal_text(result.job_name)} {terminal_text(result.state)} after "
-        f"{result.duration_seconds:.1f}s"
+        f"{result.duration_seconds:.1f}s{terminal_text(membership)}"
     )
     outputs = (result.state, round(result.duration_seconds, 3))
     write_output_parameters(args.output_parameters, dict(zip(OUTPUT_NAMES, outputs, strict=True)))

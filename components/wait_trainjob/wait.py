@@ -98,6 +98,8 @@ class WaitResult:
     reason: str
     message: str
     duration_seconds: float
+    #: An elastic job's nodes at its end, e.g. "1 of 1..2 nodes"; "" for a fixed size.
+    membership: str = ""
 
 
 class JobFailed(KubetrainError):
@@ -272,6 +274,7 @@ def wait_for_job(
         reason=status.reason,
         message=status.message,
         duration_seconds=round(time.monotonic() - started, 3),
+        membership=status.membership,
     )
 
 

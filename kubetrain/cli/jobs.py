@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "List jobs, running and finished, with their state, age and nodes: the local "
             "backend's (under $KUBETRAIN_LOCAL_ROOT, default ~/.kubetrain/local), or with "
             "--backend trainer|pytorchjob|job kubetrain's TrainJobs / PyTorchJobs / Jobs in "
-            "--namespace."
+            "--namespace. An elastic job's NODES are its range, e.g. 1..2, and while it runs "
+            "how many nodes train in it, e.g. 1 of 1..2."
         ),
     )
     add_backend_arguments(listing)

@@ -288,14 +288,21 @@ def jobset_pod_names(
     return name
 
 
-def pytorchjob_replica_names(name: str, num_nodes: int, field: str, fix: str = "") -> str:
+def pytorchjob_replica_names(
+    name: str, num_nodes: int, field: str, fix: str = "", *, workers_only: bool = False
+) -> str:
     """A PyTorchJob's name whose replicas' pod and Service names fit: the Training Operator
     names both ``<job>-<replica type, lowercase>-<index>`` (kubeflow/training-operator v1.9.0
     ``pkg/controller.v1/common/util.go`` ``GenGeneralName``, used by ``pod.go``
     ``createNewPod`` and ``service.go`` ``CreateNewService``), and a Service's name must be a
-    DNS-1035 label of at most 63 characters, so a longer one never gets its master Service and
-    the job never starts."""
-    replicas = ["-master-0"] + ([f"-worker-{num_nodes - 2}"] if num_nodes > 1 else [])
+    DNS-1035 label of at most 63 characters, so a longer one never gets its Services and
+    the job never starts. A fixed-size job is ``-master-0`` and ``-worker-0`` to
+    ``-worker-<num_nodes - 2>``; an elastic one (``workers_only``: Worker replicas only, no
+    Master) ``-worker-0`` to ``-worker-<num_nodes - 1>``."""
+    if workers_only:
+        replicas = [f"-worker-{num_nodes - 1}"]
+    else:
+        replicas = ["-master-0"] + ([f"-worker-{num_nodes - 2}"] if num_nodes > 1 else [])
     suffix = max(replicas, key=len)
     limit = DNS1123_LABEL_MAX - len(suffix)
     if len(name) > limit:

@@ -3,10 +3,11 @@ clusters still on Kubeflow Training Operator 1.8/1.9 instead of Trainer v2.
 
 Built with the ``kubeflow-training`` 1.9 SDK's generated models (``kubeflow.training.models``)
 and serialized by its ``ApiClient``, so a field the v1 API does not have fails here and not on
-the cluster; the pod template is the ``V1PodTemplateSpec`` those models re-export. One
-``Master`` replica and ``nodes - 1`` ``Worker`` replicas (no Worker spec for one node), all
-running the same pod: container ``pytorch`` (the operator reads exit codes and ports only from a
-container of that name, and its webhook refuses a replica without one), port
+the cluster; the pod template is the ``V1PodTemplateSpec`` those models re-export. A fixed-size
+job is one ``Master`` replica and ``nodes - 1`` ``Worker`` replicas (no Worker spec for one
+node); an elastic one (``--nodes MIN:MAX``) is MAX ``Worker`` replicas and no Master (below).
+Every replica runs the same pod: container ``pytorch`` (the operator reads exit codes and ports
+only from a container of that name, and its webhook refuses a replica without one), port
 ``pytorchjob-port`` 23456 set explicitly (the operator's defaulting adds it otherwise;
 kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/pytorch_types.go``,
 ``pytorch_defaults.go``; ``pkg/webhooks/pytorch/pytorchjob_webhook.go``).
@@ -16,15 +17,44 @@ envvar.go`` ``setPodEnv``, ``master.go``; the same in v1.7.0 to v1.9.0), after t
 container's own env, so it wins over a variable of the same name:
 
 * ``PYTHONUNBUFFERED=1``;
-* with a Master spec (always ours): ``MASTER_PORT``/``PET_MASTER_PORT`` = the master's
+* with a Master spec (a fixed-size job's): ``MASTER_PORT``/``PET_MASTER_PORT`` = the master's
   ``pytorchjob-port`` (23456), ``MASTER_ADDR``/``PET_MASTER_ADDR`` = ``<job>-master-0``, the
   master's headless Service (one per replica pod, named like it, ``pkg/controller.v1/common/
   service.go``); ``WORLD_SIZE`` = replicas x ``nprocPerNode`` (1 when it is not a number);
   ``RANK`` and ``PET_NODE_RANK`` = the node's rank: 0 for the master, worker index + 1;
 * ``PET_NPROC_PER_NODE`` = ``nprocPerNode`` (we always set it), ``PET_NNODES`` = replicas
-  (without ``elasticPolicy``; we never set one, so no ``PET_RDZV_*``);
+  (without ``elasticPolicy``; with one, the elastic env below instead);
 * workers get an ``init-pytorch`` init container waiting until ``<job>-master-0`` resolves
-  (``initcontainer.go``).
+  (``initcontainer.go``), only when the job has a Master.
+
+An elastic job (``spec.elastic``) is rendered as the upstream elastic examples are
+(``examples/pytorch/elastic/echo/echo.yaml``, ``imagenet/imagenet.yaml`` at v1.9.0):
+
+* ``Worker`` replicas only, MAX of them: with a Master, the master's success alone ends the job
+  (``pytorchjob_controller.go`` ``UpdateJobStatus`` ~383-401) and every node gets a fixed
+  ``PET_NODE_RANK`` (``envvar.go`` ~67-97), while an elastic job's node ranks are torchrun's to
+  assign at each rendezvous; with no Master the job Succeeded once any worker succeeded
+  (``UpdateJobStatus`` ~404-418: "If ``ElasticPolicy`` is not nil and any worker has
+  completed");
+* ``elasticPolicy``: ``minReplicas`` MIN, ``maxReplicas`` MAX, ``rdzvBackend`` c10d,
+  ``maxRestarts`` = ``max_restarts`` (torchrun's ``--max-restarts`` on each node: a lost or
+  joining peer restarts a node's workers, and a failure of its own counts too). The operator
+  turns them into ``PET_RDZV_ENDPOINT`` = ``<job>-worker-0:23456`` (the Worker's port; worker-0's
+  torchrun hosts the c10d store, as its hostname matches the endpoint, so a lost worker-0
+  takes the rendezvous with it until it is back: a separate store, ``rdzvBackend`` etcd-v2
+  with ``rdzvHost``, would avoid that), ``PET_RDZV_BACKEND``,
+  ``PET_NNODES`` = "MIN:MAX", ``PET_MAX_RESTARTS`` (``pkg/controller.v1/pytorch/elastic.go``
+  ``Generate``); ``nprocPerNode`` stays in ``spec`` (``elasticPolicy.nProcPerNode`` is deprecated
+  and refused beside it: ``pytorchjob_webhook.go`` ``validateSpec``). No ``metrics``: the HPA they
+  make (``hpa.go`` ``ReconcileHPA``) would change the Worker replicas under us;
+* ``restartPolicy: OnFailure``: a lost node's container is restarted in place by the kubelet
+  and its torchrun rejoins the rendezvous, while the others go on (their torchruns restart
+  their workers at the new world size and the trainer resumes from its newest checkpoint);
+* the container env carries ``jobspec.ELASTIC_NODE_ENV``, torch's opt-out of the shared
+  rendezvous store: without it a node that rejoins a running job fails its rendezvous with
+  ``DistStoreError: wait timeout after 60000ms, keys: /torch.rendezvous.<id>.1/MASTER_ADDR``
+  (and the survivor on its role_info keys), as tests/test_elastic_pytorchjob.py's run showed
+  with the variable set to 0.
 
 Against Trainer v2 (torch plugin: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
 PET_MASTER_ADDR ``<job>-node-0-0.<job>``, PET_MASTER_PORT 29500): the PET_* names torchrun reads
@@ -55,9 +85,11 @@ the operator would override it silently.
   container in place) and ``backoffLimit`` = k x nodes + 1: the operator sums the restart counts
   of every running pod's containers and fails the job once the sum reaches the limit
   (``PastBackoffLimit``), and one rank's failure restarts every node (their torchruns lose the
-  group and exit too), so k whole-job restarts add k x nodes. Its pods are then deleted on every
-  release, v1.9.4 included: a container restarted in place leaves its pod Running, which
-  cleanPodPolicy Running deletes;
+  group and exit too), so k whole-job restarts add k x nodes. An elastic job gets the same
+  k x MAX + 1 for another reason: only a lost node's own container restarts (the others'
+  torchruns restart their workers inside the container), so each of the MAX nodes may be lost
+  k times. Its pods are then deleted on every release, v1.9.4 included: a container restarted
+  in place leaves its pod Running, which cleanPodPolicy Running deletes;
 * ``activeDeadlineSeconds`` and ``suspend`` as the spec says (suspending deletes the pods,
   resuming creates them again).
 
@@ -72,6 +104,7 @@ from typing import Any
 
 from kubeflow.training.api_client import ApiClient
 from kubeflow.training.models import (
+    KubeflowOrgV1ElasticPolicy,
     KubeflowOrgV1PyTorchJob,
     KubeflowOrgV1PyTorchJobSpec,
     KubeflowOrgV1ReplicaSpec,
@@ -81,7 +114,7 @@ from kubeflow.training.models import (
 
 from kubetrain import rules
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import TrainJobSpec
+from kubetrain.jobspec import ELASTIC_NODE_ENV, ELASTIC_RDZV_BACKEND, TrainJobSpec
 from kubetrain.render import pod, refuse_mpi_launcher
 from kubetrain.render.metadata import (
     object_labels,
@@ -103,6 +136,8 @@ MASTER, WORKER = "Master", "Worker"
 CLEAN_POD_POLICY = "Running"
 #: What the operator sets in every container after its own env (envvar.go, master.go).
 OPERATOR_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED")
+#: What it sets after them in an elastic job's containers (elastic.go ``Generate``).
+OPERATOR_ELASTIC_ENV = ("PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND", "PET_MAX_RESTARTS")
 
 
 def render_pytorchjob(
@@ -113,7 +148,10 @@ def render_pytorchjob(
     spec = spec.validate()
     validate_namespace(namespace)
     check_pytorchjob_spec(spec)
-    replicas = {MASTER: 1, WORKER: spec.num_nodes - 1}
+    if spec.elastic:  # no Master: see the module's docstring
+        replicas = {MASTER: 0, WORKER: spec.num_nodes}
+    else:
+        replicas = {MASTER: 1, WORKER: spec.num_nodes - 1}
     restart_policy = "OnFailure" if spec.max_restarts else "Never"
     template = _pod_template(spec)
     job = KubeflowOrgV1PyTorchJob(
@@ -131,6 +169,7 @@ def render_pytorchjob(
         ),
         spec=KubeflowOrgV1PyTorchJobSpec(
             nproc_per_node=str(spec.procs_per_node),
+            elastic_policy=_elastic_policy(spec),
             pytorch_replica_specs={
                 replica_type: KubeflowOrgV1ReplicaSpec(
                     replicas=count, restart_policy=restart_policy, template=template
@@ -154,7 +193,7 @@ def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
     operator could not give its pods and Services, the Trainer's initializers, env the
     operator would silently override, and ``launcher`` mpi (a PyTorchJob has no launcher)."""
     refuse_mpi_launcher(spec, "pytorchjob")
-    rules.pytorchjob_replica_names(spec.name, spec.num_nodes, "name")
+    rules.pytorchjob_replica_names(spec.name, spec.num_nodes, "name", workers_only=spec.elastic)
     pod.refuse_initializers(spec, "a PyTorchJob")
     for key in spec.env:
         if key in OPERATOR_ENV:
@@ -164,6 +203,25 @@ def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
                 "drop it: the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and "
                 "PYTHONUNBUFFERED from --nodes/--procs-per-node",
             )
+        if spec.elastic and key in OPERATOR_ELASTIC_ENV:
+            raise InvalidInput(
+                "env",
+                f"{key} is set by the Training Operator itself in an elastic PyTorchJob",
+                f"drop it: the operator sets {', '.join(OPERATOR_ELASTIC_ENV)} from its "
+                "elasticPolicy (--nodes MIN:MAX, --max-restarts)",
+            )
+
+
+def _elastic_policy(spec: TrainJobSpec) -> KubeflowOrgV1ElasticPolicy | None:
+    """An elastic job's ``elasticPolicy`` (the module's docstring says why these fields)."""
+    if not spec.elastic:
+        return None
+    return KubeflowOrgV1ElasticPolicy(
+        min_replicas=spec.min_nodes,
+        max_replicas=spec.num_nodes,
+        rdzv_backend=ELASTIC_RDZV_BACKEND,
+        max_restarts=spec.max_restarts,
+    )
 
 
 class _Body:
@@ -191,7 +249,7 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
     }
     optional_container = (
         ("args", args),
-        ("env", pod.named_env(spec)),
+        ("env", _container_env(spec)),
         ("envFrom", pod.storage_env_from(spec)),
         ("resources", pod.resource_requirements(spec.resources_per_node)),
         ("volumeMounts", pod.volume_mounts(spec, shared_memory=True)),
@@ -209,3 +267,12 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
     metadata = {"labels": pod_labels(spec), "annotations": pod.pod_annotations()}
     body = {"metadata": metadata, "spec": pod_spec}
     return _model(body, "V1PodTemplateSpec")
+
+
+def _container_env(spec: TrainJobSpec) -> list[dict[str, str]]:
+    """The spec's env (``pod.named_env``), after ``jobspec.ELASTIC_NODE_ENV`` in an elastic
+    job's nodes (a spec's own value of it wins)."""
+    named = pod.named_env(spec)
+    if not spec.elastic:
+        return named
+    return pod.env_list({**ELASTIC_NODE_ENV, **{var["name"]: var["value"] for var in named}})

@@ -4,13 +4,18 @@ is played as the operator plays it, each of its pods a real process on this mach
 Every rule is from kubeflow/training-operator, branch release-1.9 (its v1.9.0 files are the
 same), the file named:
 
-* defaults, in memory only (``pkg/apis/kubeflow.org/v1/pytorch_defaults.go``): replicas 1,
-  restartPolicy OnFailure, port ``pytorchjob-port`` 23456 in container ``pytorch``,
-  cleanPodPolicy None, nprocPerNode "auto";
+* defaults, in memory only (``pkg/apis/kubeflow.org/v1/pytorch_defaults.go``
+  ``SetDefaults_PyTorchJob``): replicas 1, restartPolicy OnFailure, port ``pytorchjob-port``
+  23456 in container ``pytorch``, cleanPodPolicy None; an ``elasticPolicy``'s missing bound
+  is the other one, both the Worker replicas when neither is set (``setElasticPolicy``, ~38-55);
+  nprocPerNode "auto" unless an elasticPolicy sets the deprecated ``nProcPerNode``
+  (``setDefaultNprocPerNode``, ~68-74);
 * the validating webhook (``pkg/webhooks/pytorch/pytorchjob_webhook.go``, registered as
   ``validator.pytorchjob.training-operator.kubeflow.org``): the name a DNS-1035 label, only
   Master/Worker replicas, each with containers that all have an image and one named
-  ``pytorch``, Master replicas exactly 1, Worker at least 1; a denial is a 403;
+  ``pytorch``, Master replicas exactly 1, Worker at least 1; with an ``elasticPolicy``
+  (``validateSpec``, ~93-113) a Worker spec is required and ``elasticPolicy.nProcPerNode``
+  (deprecated) is forbidden beside ``nprocPerNode``; a denial is a 403;
 * on create, condition Created "PyTorchJob <job> is created." (``pkg/controller.v1/pytorch/
   pytorchjob_controller.go`` ``onOwnerCreateFunc``); reasons are ``PyTorchJob`` + the
   condition's (``pkg/util/status.go`` ``NewReason``);
@@ -20,18 +25,28 @@ same), the file named:
   pytorchjob-controller``, ``job-name``, ``replica-type`` (lowercase), ``replica-index`` and, on
   the master, ``job-role: master``, owned by the job (controller reference); the pod's
   restartPolicy is the replica's;
-* the env appended to every container (``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``,
-  ``master.go``): PYTHONUNBUFFERED=1, MASTER_PORT, PET_MASTER_PORT, MASTER_ADDR and
-  PET_MASTER_ADDR (``<job>-master-0``), WORLD_SIZE (replicas x nprocPerNode, 1 per node when it
-  is not a number), RANK and PET_NODE_RANK (master 0, worker i + 1), PET_NPROC_PER_NODE,
-  PET_NNODES; workers also get the ``init-pytorch`` init container (``initcontainer.go``),
-  which is not run here;
-* status (``pytorchjob_controller.go`` ``UpdateJobStatus``): Running once the master runs; the
-  master Succeeded is the job Succeeded ("PyTorchJob <job> is successfully completed.", Running
-  set False); a failed pod of a replica whose restartPolicy is Never fails the job ("PyTorchJob
-  <job> is failed because <n> <type> replica(s) failed."); under OnFailure the container is
-  restarted in place (restartCount + 1; its pod stays Running, so no Restarting condition,
-  which needs pods of phase Failed) until the running pods' restart counts add up to
+* the env appended to every container (``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``
+  ~43-127, ``master.go``): PYTHONUNBUFFERED=1; with a Master spec only, MASTER_PORT,
+  PET_MASTER_PORT, MASTER_ADDR and PET_MASTER_ADDR (``<job>-master-0``), WORLD_SIZE (replicas x
+  nprocPerNode, 1 per node when it is not a number), RANK and PET_NODE_RANK (master 0, worker
+  i + 1); PET_NPROC_PER_NODE when nprocPerNode is set; then without an elasticPolicy
+  PET_NNODES = replicas, with one the elastic env instead (``elastic.go`` ``Generate``
+  ~68-122): PET_RDZV_ENDPOINT (``rdzvHost`` else ``<job>-worker-0``, ``:`` ``rdzvPort`` else
+  the Worker's ``pytorchjob-port``), PET_RDZV_BACKEND (``rdzvBackend``, else c10d), PET_NNODES
+  "MIN:MAX", then only when set PET_MAX_RESTARTS, PET_NPROC_PER_NODE (``nProcPerNode``),
+  PET_RDZV_ID, PET_RDZV_CONF (``key=value`` joined by commas), PET_STANDALONE; workers of a job
+  with a Master also get the ``init-pytorch`` init container (``initcontainer.go``
+  ``setInitContainer``, ~105-136), which is not run here;
+* status (``pytorchjob_controller.go`` ``UpdateJobStatus`` ~369-445): with a Master, Running
+  once the master runs, and the master Succeeded is the job Succeeded ("PyTorchJob <job> is
+  successfully completed."); with Worker replicas only, Running ("PyTorchJob <ns>/<job> is
+  running.") while a worker runs, and Succeeded ("PyTorchJob <ns>/<job> successfully
+  completed.") once every worker has, or, with an elasticPolicy, once ANY worker has (the
+  others then go by cleanPodPolicy); Succeeded turns Running False; a failed pod of a replica
+  whose restartPolicy is Never fails the job ("PyTorchJob <job> is failed because <n> <type>
+  replica(s) failed."); under OnFailure the container is restarted in place (restartCount + 1
+  as it starts again; its pod stays Running, so no Restarting condition, which needs pods of
+  phase Failed) until the running pods' restart counts add up to
   ``backoffLimit``, which fails the job "Job <job> has failed because it has reached the
   specified backoff limit" and deletes every pod and Service (``pkg/controller.v1/common/
   job.go`` ``ReconcileJobs``, ``pkg/core/job.go`` ``PastBackoffLimit``);
@@ -44,10 +59,18 @@ same), the file named:
 * ``runPolicy.suspend``: pods and Services deleted, conditions Suspended True and Running False
   (``job.go`` ``ReconcileJobs``).
 
-What one machine changes: MASTER_ADDR/PET_MASTER_ADDR become 127.0.0.1 and the master port a
-free local one, in the processes only (the pods keep the operator's values); the Services
-route nothing; volumes (a shipped script's ConfigMap included) are not mounted; env from
-Secrets is not resolved.
+What one machine changes, in the processes only (the pods keep the operator's values):
+MASTER_ADDR/PET_MASTER_ADDR become 127.0.0.1 and the master port a free local one; the host of
+PET_RDZV_ENDPOINT becomes 127.0.0.1 and its port a free local one, and PET_RDZV_CONF gets
+``is_host=1`` in worker-0's process and ``is_host=0`` in the others'. On a cluster torchrun's
+c10d rendezvous hosts its store in the process whose hostname or address matches the
+endpoint's host (torch ``c10d_rendezvous_backend.py`` ``_create_tcp_store``: ``is_host`` from
+the conf, else ``_matches_machine_hostname``), which for ``<job>-worker-0`` is worker-0's pod
+alone; on one machine 127.0.0.1 matches every process, so the first to start would host the
+store and the others fall back to clients: a lost worker-1 could take the store with it. The
+Services route nothing; volumes (a shipped script's ConfigMap included) are not mounted; env
+from Secrets is not resolved. ``kill_node`` SIGKILLs one pod's whole process tree, as a lost
+machine.
 """
 
 from __future__ import annotations
@@ -57,6 +80,7 @@ import os
 import queue
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -70,6 +94,7 @@ from tests.support import objects, trainer_build
 from tests.support.controller import FakeController
 from tests.support.emulator import KubeEmulator
 from tests.support.kube_api import now_iso, webhook_denial
+from tests.support.processes import descendants
 
 PYTORCHJOBS = "pytorchjobs"
 CRD_FILE = Path(__file__).parent / "crds" / "kubeflow.org_pytorchjobs.yaml"
@@ -78,6 +103,8 @@ CONTROLLER = "pytorchjob-controller"
 CONTAINER = "pytorch"
 PORT_NAME = "pytorchjob-port"
 DEFAULT_PORT = 23456
+#: elasticPolicy.rdzvBackend's default (elastic.go ``generateEnvBackend``: BackendC10D).
+DEFAULT_RDZV_BACKEND = "c10d"
 MASTER, WORKER = "Master", "Worker"
 OPERATOR_NAME = "training.kubeflow.org/operator-name"
 JOB_NAME = "training.kubeflow.org/job-name"
@@ -130,7 +157,6 @@ def defaulted(job: dict[str, Any]) -> dict[str, Any]:
     job = copy.deepcopy(job)
     spec = job["spec"]
     spec.setdefault("runPolicy", {}).setdefault("cleanPodPolicy", "None")
-    spec.setdefault("nprocPerNode", "auto")
     for replica in spec["pytorchReplicaSpecs"].values():
         replica.setdefault("replicas", 1)
         replica.setdefault("restartPolicy", "OnFailure")
@@ -139,14 +165,48 @@ def defaulted(job: dict[str, Any]) -> dict[str, Any]:
         ports = container.setdefault("ports", [])
         if not any(p.get("name") == PORT_NAME for p in ports):
             ports.append({"name": PORT_NAME, "containerPort": DEFAULT_PORT})
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:  # setElasticPolicy
+        workers = (spec["pytorchReplicaSpecs"].get(WORKER) or {}).get("replicas")
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        elastic["minReplicas"] = low if low is not None else high if high is not None else workers
+        elastic["maxReplicas"] = high if high is not None else low if low is not None else workers
+    if elastic is None or elastic.get("nProcPerNode") is None:  # setDefaultNprocPerNode
+        spec.setdefault("nprocPerNode", "auto")
     return job
 
 
-def master_port(job: dict[str, Any]) -> int:
-    """``getPortFromPyTorchJob``: the master's ``pytorchjob-port`` in container ``pytorch``."""
-    master = job["spec"]["pytorchReplicaSpecs"][MASTER]["template"]["spec"]["containers"]
-    container = next(c for c in master if c["name"] == CONTAINER)
+def replica_port(job: dict[str, Any], replica_type: str) -> int:
+    """``getPortFromPyTorchJob``: the replica's ``pytorchjob-port`` in container ``pytorch``."""
+    pod = job["spec"]["pytorchReplicaSpecs"][replica_type]["template"]["spec"]["containers"]
+    container = next(c for c in pod if c["name"] == CONTAINER)
     return next(p["containerPort"] for p in container["ports"] if p.get("name") == PORT_NAME)
+
+
+def elastic_env(job: dict[str, Any]) -> list[dict[str, str]]:
+    """``ElasticEnvVarGenerator.Generate`` (elastic.go ~68-122) for a defaulted job with an
+    elasticPolicy, in its order."""
+    name = job["metadata"]["name"]
+    policy = job["spec"]["elasticPolicy"]
+    host = policy.get("rdzvHost") or replica_name(name, WORKER, 0)
+    port = policy.get("rdzvPort") or replica_port(job, WORKER)
+    env = [
+        {"name": "PET_RDZV_ENDPOINT", "value": f"{host}:{port}"},
+        {"name": "PET_RDZV_BACKEND", "value": policy.get("rdzvBackend") or DEFAULT_RDZV_BACKEND},
+        {"name": "PET_NNODES", "value": f"{policy['minReplicas']}:{policy['maxReplicas']}"},
+    ]
+    optional = (
+        ("PET_MAX_RESTARTS", policy.get("maxRestarts")),
+        ("PET_NPROC_PER_NODE", policy.get("nProcPerNode")),
+        ("PET_RDZV_ID", policy.get("rdzvId")),
+    )
+    env += [{"name": key, "value": str(value)} for key, value in optional if value is not None]
+    if policy.get("rdzvConf") is not None:
+        conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
+        env.append({"name": "PET_RDZV_CONF", "value": conf})
+    if policy.get("standalone"):
+        env.append({"name": "PET_STANDALONE", "value": ""})
+    return env
 
 
 def nproc_int(job: dict[str, Any]) -> int:
@@ -158,24 +218,28 @@ def nproc_int(job: dict[str, Any]) -> int:
 
 
 def operator_env(job: dict[str, Any], replica_type: str, index: int) -> list[dict[str, str]]:
-    """What ``setPodEnv`` appends to every container of the pod (Master spec present)."""
+    """What ``setPodEnv`` appends to every container of the pod."""
     name = job["metadata"]["name"]
     replicas = sum(r["replicas"] for r in job["spec"]["pytorchReplicaSpecs"].values())
-    rank = index + 1 if replica_type == WORKER else index
-    port = str(master_port(job))
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env += [
-        {"name": "MASTER_PORT", "value": port},
-        {"name": "PET_MASTER_PORT", "value": port},
-        {"name": "MASTER_ADDR", "value": replica_name(name, MASTER, 0)},
-        {"name": "PET_MASTER_ADDR", "value": replica_name(name, MASTER, 0)},
-        {"name": "WORLD_SIZE", "value": str(replicas * nproc_int(job))},
-        {"name": "RANK", "value": str(rank)},
-        {"name": "PET_NODE_RANK", "value": str(rank)},
-    ]
+    if MASTER in job["spec"]["pytorchReplicaSpecs"]:
+        rank = index + 1 if replica_type == WORKER else index
+        port = str(replica_port(job, MASTER))
+        env += [
+            {"name": "MASTER_PORT", "value": port},
+            {"name": "PET_MASTER_PORT", "value": port},
+            {"name": "MASTER_ADDR", "value": replica_name(name, MASTER, 0)},
+            {"name": "PET_MASTER_ADDR", "value": replica_name(name, MASTER, 0)},
+            {"name": "WORLD_SIZE", "value": str(replicas * nproc_int(job))},
+            {"name": "RANK", "value": str(rank)},
+            {"name": "PET_NODE_RANK", "value": str(rank)},
+        ]
     if job["spec"].get("nprocPerNode") is not None:
         env.append({"name": "PET_NPROC_PER_NODE", "value": str(job["spec"]["nprocPerNode"])})
-    env.append({"name": "PET_NNODES", "value": str(replicas)})
+    if job["spec"].get("elasticPolicy") is not None:
+        env += elastic_env(job)
+    else:
+        env.append({"name": "PET_NNODES", "value": str(replicas)})
     return env
 
 
@@ -219,7 +283,7 @@ def operator_pod(job: dict[str, Any], replica_type: str, index: int) -> dict[str
     spec = template["spec"]
     for container in spec["containers"]:
         container["env"] = [*(container.get("env") or []), *operator_env(job, replica_type, index)]
-    if replica_type == WORKER:
+    if replica_type == WORKER and MASTER in job["spec"]["pytorchReplicaSpecs"]:
         spec["initContainers"] = [*(spec.get("initContainers") or []), init_container(name)]
     spec["restartPolicy"] = replica["restartPolicy"]
     image = next(c for c in spec["containers"] if c["name"] == CONTAINER)["image"]
@@ -272,12 +336,24 @@ def operator_service(job: dict[str, Any], replica_type: str, index: int) -> dict
 
 
 def webhook_errors(job: dict[str, Any]) -> list[str]:
-    """``validatePyTorchJob`` on create (elastic policy and run-policy updates aside)."""
+    """``validatePyTorchJob`` on create (run-policy updates aside)."""
     errors = []
     name = job["metadata"].get("name", "")
     if not (len(name) <= 63 and DNS1035.fullmatch(name)):
         errors.append(f'metadata.name: Invalid value: "{name}": should match: a DNS-1035 label')
     specs = (job.get("spec") or {}).get("pytorchReplicaSpecs")
+    elastic = (job.get("spec") or {}).get("elasticPolicy")
+    if elastic is not None:
+        if WORKER not in (specs or {}):
+            errors.append(
+                "spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if "
+                "elastic policy is used"
+            )
+        if elastic.get("nProcPerNode") is not None and job["spec"].get("nprocPerNode") is not None:
+            errors.append(
+                "spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with "
+                "spec.nprocPerNode"
+            )
     if specs is None:
         errors.append("spec.pytorchReplicaSpecs: Required value: must be required")
     for replica_type, replica in (specs or {}).items():
@@ -313,6 +389,7 @@ class _Node:
         self.run = run
         self.pod = pod["metadata"]["name"]
         self.replica_type = replica_type
+        self.index = index
         self.container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER)
         self.image = self.container["image"]
         self.restart_policy = pod["spec"]["restartPolicy"]
@@ -325,14 +402,23 @@ class _Node:
 
     def env(self) -> dict[str, str]:
         """The container's env as the kubelet gives it (values, ``$(VAR)`` expanded), the
-        master's address and port made local."""
+        master's address and port and the rendezvous endpoint made local (the module's
+        docstring says why worker-0 alone gets ``is_host=1``)."""
         env: dict[str, str] = {}
         for var in self.container.get("env") or []:
             if "value" in var:
                 env[var["name"]] = trainer_build.expand(str(var["value"]), env)
-        local = {"MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1"}
         port = str(self.run.local_port)
-        local.update({"MASTER_PORT": port, "PET_MASTER_PORT": port})
+        local = {}
+        if "MASTER_ADDR" in env:
+            local = {"MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1"}
+            local.update({"MASTER_PORT": port, "PET_MASTER_PORT": port})
+        if "PET_RDZV_ENDPOINT" in env:
+            host = env["PET_RDZV_ENDPOINT"].rpartition(":")[0]
+            hosts = self.pod == host == replica_name(self.run.name, WORKER, 0)
+            local["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+            conf = [env["PET_RDZV_CONF"]] if env.get("PET_RDZV_CONF") else []
+            local["PET_RDZV_CONF"] = ",".join([*conf, f"is_host={int(hosts)}"])
         return {**env, **local}
 
     def start(self) -> None:
@@ -399,6 +485,10 @@ class _Run(threading.Thread):
             if not self.stopped.is_set():  # else: its objects were deleted under it, as meant
                 self.operator.errors.append(error)
 
+    @property
+    def has_master(self) -> bool:
+        return MASTER in self.job["spec"]["pytorchReplicaSpecs"]
+
     def _set_condition(self, type_: str, message: str, status: str = "True") -> None:
         """``UpdateJobConditions``: one condition per type; Succeeded/Failed turn Running
         False; nothing changes once Failed."""
@@ -429,7 +519,8 @@ class _Run(threading.Thread):
         for node in self.nodes:
             node.start()
             self._set_container(node, objects.running(), "Running")
-        self._set_condition("Running", f"PyTorchJob {self.name} is running.")
+        who = self.name if self.has_master else f"{self.namespace}/{self.name}"
+        self._set_condition("Running", f"PyTorchJob {who} is running.")
         while not self.stopped.is_set():
             self._copy_logs(final=False)
             if self._decide() or self._past_active_deadline():
@@ -460,22 +551,16 @@ class _Run(threading.Thread):
             self._copy_logs(final=True, only=node)
             ended = objects.terminated(code)
             if code and node.restart_policy == "OnFailure":
-                node.restarts += 1
                 node.last_state = ended
-                if self._past_backoff_limit():
-                    self._fail(
-                        f"Job {self.name} has failed because it has reached the specified "
-                        "backoff limit",
-                        delete_all=True,
-                    )
-                    return True
                 # No Restarting condition: the operator sets it only for replicas whose pods
                 # are phase Failed (pytorchjob_controller.go UpdateJobStatus, `failed > 0`),
                 # and a container restarted in place leaves its pod Running.
                 # The kubelet holds a container it restarts in place in a back-off, shown as
                 # waiting CrashLoopBackOff (kubernetes pkg/kubelet/kuberuntime/
                 # kuberuntime_manager.go doBackOff, ErrCrashLoopBackOff in
-                # pkg/kubelet/container/sync_result.go), before starting it again.
+                # pkg/kubelet/container/sync_result.go), before starting it again; the
+                # restartCount goes up as the new container starts (kuberuntime_container.go
+                # startContainer: the last status's restartCount + 1).
                 self._set_container(
                     node,
                     objects.waiting("CrashLoopBackOff", "back-off restarting failed container"),
@@ -483,19 +568,26 @@ class _Run(threading.Thread):
                     last_state=ended,
                 )
                 time.sleep(CRASH_LOOP_BACKOFF_SECONDS)
+                node.restarts += 1
                 node.last_state = None
                 node.start()
                 self._set_container(node, objects.running(), "Running", last_state=ended)
+                if self._past_backoff_limit():
+                    self._fail(
+                        f"Job {self.name} has failed because it has reached the specified "
+                        "backoff limit",
+                        delete_all=True,
+                    )
+                    return True
                 continue
             node.last_state = ended
             self._set_container(node, ended, "Succeeded" if code == 0 else "Failed")
             if code:
                 failed[node.replica_type] = failed.get(node.replica_type, 0) + 1
-            elif node.replica_type == MASTER:
-                message = f"PyTorchJob {self.name} is successfully completed."
-                self._set_condition("Succeeded", message)
-                self._clean_up()
-                return True
+        if (message := self._succeeded()) is not None:
+            self._set_condition("Succeeded", message)
+            self._clean_up()
+            return True
         for replica_type, count in failed.items():
             self._fail(
                 f"PyTorchJob {self.name} is failed because {count} {replica_type} replica(s) "
@@ -503,6 +595,34 @@ class _Run(threading.Thread):
             )
             return True
         return False
+
+    def _succeeded(self) -> str | None:
+        """``UpdateJobStatus``'s Succeeded message once the job has succeeded, else None: the
+        master succeeded; with no Master, every worker did, or with an elasticPolicy any."""
+        done = [n for n in self.nodes if n.exit_code == 0 and n.last_state is not None]
+        if self.has_master:
+            if any(n.replica_type == MASTER for n in done):
+                return f"PyTorchJob {self.name} is successfully completed."
+            return None
+        elastic = self.job["spec"].get("elasticPolicy") is not None
+        if done and (len(done) == len(self.nodes) or elastic):
+            return f"PyTorchJob {self.namespace}/{self.name} successfully completed."
+        return None
+
+    def kill(self, pod: str) -> list[int]:
+        """SIGKILL pod ``pod``'s whole process tree at once: torchrun's agent and its workers,
+        which run in sessions of their own (so a process group or session kill misses them),
+        gathered before any is killed (a dead agent's workers are reparented)."""
+        node = next(n for n in self.nodes if n.pod == pod)
+        if node.process is None or node.poll() is not None:
+            raise RuntimeError(f"pod {pod}'s process is not running")
+        tree = [node.process.pid, *descendants(node.process.pid)]
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return tree
 
     def _past_backoff_limit(self) -> bool:
         limit = self.job["spec"]["runPolicy"].get("backoffLimit")
@@ -626,6 +746,11 @@ class FakeTrainingOperator(FakeController):
             if event["type"] == "ADDED" and run is None:
                 self.runs[key] = _Run(self, obj)
                 self.runs[key].start()
+
+    def kill_node(self, name: str, pod: str, namespace: str = "default") -> list[int]:
+        """SIGKILL the whole process tree of pod ``pod`` of PyTorchJob ``name``, as a machine
+        lost at once; returns the pids killed."""
+        return self.runs[(namespace, name)].kill(pod)
 
     def _validate(self, resource: Any, job: dict[str, Any], old: dict[str, Any] | None) -> None:
         """The operator's validating webhook (on the emulator's loop), create and update."""

@@ -89,6 +89,20 @@ class JobKind:
             spec = spec.get("runPolicy") or {}
         return bool(spec.get("suspend"))
 
+    def elastic_nodes(self, obj: dict[str, Any]) -> tuple[int, int] | None:
+        """(MIN, MAX) nodes of an elastic PyTorchJob, from its ``elasticPolicy`` as the
+        operator defaults it (a missing bound is the other, both the Worker replicas when
+        neither is set: kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/
+        pytorch_defaults.go`` ``setElasticPolicy``); None for any other job."""
+        spec = obj.get("spec") or {}
+        policy = spec.get("elasticPolicy") if self.backend == "pytorchjob" else None
+        if policy is None:
+            return None
+        workers = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas", 1)
+        low, high = policy.get("minReplicas"), policy.get("maxReplicas")
+        low = low if low is not None else high if high is not None else workers
+        return int(low), int(high if high is not None else low)
+
     def state(self, obj: dict[str, Any]) -> tuple[str, str, str]:
         """(state, reason, message) from the object's conditions; CREATED while undecided
         (the caller tells Running from the pods, as a TrainJob and a Job have no Running

@@ -38,6 +38,8 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 #: The init container the Training Operator adds to PyTorchJob workers.
 INIT_PYTORCH = "init-pytorch"
+#: torchrun's node rank, which the Training Operator sets with a Master only.
+NODE_RANK_ENV = "PET_NODE_RANK"
 
 
 def list_job_pods(objects: KubeObjects, kind: JobKind, namespace: str, name: str) -> list[V1Pod]:
@@ -56,7 +58,8 @@ def node_index(pod: V1Pod) -> int | None:
     """The node (torchrun node rank) a pod runs: its completion index, from the label or, on
     clusters older than 1.28, the annotation; None for pods of another replicated job index.
     A PyTorchJob's master is node 0 and worker i node i + 1, as the operator ranks them
-    (kubeflow/training-operator v1.9.0 ``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``)."""
+    (kubeflow/training-operator v1.9.0 ``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``);
+    in a job with Worker replicas only (an elastic one), worker i is node i."""
     metadata = pod.metadata
     labels = metadata.labels or {}
     replica_type = labels.get(REPLICA_TYPE_LABEL)
@@ -65,7 +68,8 @@ def node_index(pod: V1Pod) -> int | None:
             index = int(labels.get(REPLICA_INDEX_LABEL, ""))
         except ValueError:
             return None
-        return {"master": index, "worker": index + 1}.get(replica_type)
+        behind_master = index + 1 if operator_ranked(pod) else index
+        return {"master": index, "worker": behind_master}.get(replica_type)
     if labels.get(JOB_INDEX_LABEL, "0") != "0":
         return None
     value = labels.get(COMPLETION_INDEX) or (metadata.annotations or {}).get(COMPLETION_INDEX)
@@ -73,6 +77,20 @@ def node_index(pod: V1Pod) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def operator_ranked(pod: V1Pod) -> bool:
+    """Whether the Training Operator gave a PyTorchJob pod's node container a node rank
+    (``PET_NODE_RANK``): it does only when the job has a Master (``setPodEnv``, ~67-97), which
+    then is node 0. Our specs cannot set the variable themselves
+    (``jobspec.RESERVED_ENV_NAMES``)."""
+    containers = pod.spec.containers if pod.spec else []
+    return any(
+        var.name == NODE_RANK_ENV
+        for container in containers
+        if container.name in NODE_CONTAINERS
+        for var in container.env or []
+    )
 
 
 def node_container(pod: V1Pod) -> V1ContainerStatus | None:
@@ -93,7 +111,7 @@ def container_image(pod: V1Pod) -> str:
     return spec.image if spec is not None else ""
 
 
-def _last_termination(pod: V1Pod) -> V1ContainerStateTerminated | None:
+def last_termination(pod: V1Pod) -> V1ContainerStateTerminated | None:
     """How the node container's current run ended, else how its previous run did."""
     status = node_container(pod)
     if status is None:
@@ -121,7 +139,7 @@ def failed_run(pod: V1Pod) -> int:
 
 def exit_code(pod: V1Pod) -> int | None:
     """The node container's exit code once it has terminated (this run, else the last one)."""
-    ended = _last_termination(pod)
+    ended = last_termination(pod)
     return ended.exit_code if ended is not None else None
 
 
@@ -132,6 +150,18 @@ def started(pod: V1Pod) -> bool:
     if status is None or status.state is None:
         return False
     return bool(status.state.running or status.state.terminated)
+
+
+def running_node(pod: V1Pod) -> bool:
+    """Whether the node container runs now."""
+    status = node_container(pod)
+    return bool(status and status.state and status.state.running)
+
+
+def restart_count(pod: V1Pod) -> int:
+    """How many times the kubelet restarted the node container in place."""
+    status = node_container(pod)
+    return (status.restart_count or 0) if status else 0
 
 
 def terminated(pod: V1Pod) -> bool:
@@ -178,7 +208,7 @@ def first_failure(pods: Iterable[V1Pod]) -> tuple[int, int] | None:
     of the other nodes ends them."""
     failures = []
     for index, pod in latest_by_node(pods).items():
-        ended = _last_termination(pod)
+        ended = last_termination(pod)
         if ended is not None and ended.exit_code:
             finished = ended.finished_at.timestamp() if ended.finished_at else float("inf")
             stopped = ended.exit_code == SIGTERM_EXIT_CODE

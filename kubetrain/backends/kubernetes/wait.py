@@ -18,6 +18,13 @@ for its state, exit code, restarts and log (its failure names the rank mpirun re
 the launcher from ever being made: JobSet's ``dependsOn``). The runtime, read once the job is
 known, says which: until then no pod is taken for the job's.
 
+An elastic PyTorchJob (``elasticPolicy``, Worker replicas only: worker i is node i) ends by
+the operator's conditions like any other. Node 0 (worker-0) is streamed: it hosts the
+rendezvous, and torch's c10d rendezvous ranks the nodes by their sorted host names (torch
+2.13 ``dynamic_rendezvous.py`` ``_mark_rendezvous_complete``), so rank 0 runs there while it is
+in the job. A node lost and restarted in place meanwhile is no problem but a membership change,
+said in one notice each (``_say_losses``).
+
 A session holds a ``WaitContext`` (the API objects, the job kind, namespace and the wait's
 settings), not the backend: the backend uses this module, so this module does not use it back.
 """
@@ -71,11 +78,14 @@ from kubetrain.backends.kubernetes.pods import (
     failed_run,
     first_failure,
     in_place_restart,
+    last_termination,
     latest_by_node,
     list_job_pods,
     node_statuses,
     replacement_pod,
     restart_attempt,
+    restart_count,
+    running_node,
     terminated,
 )
 from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Snapshot
@@ -214,6 +224,11 @@ class WaitSession:
         #: said to be restarted: (pod, restart count, reason).
         self.problems_said: set[str] = set()
         self.restarts_said: set[tuple[str, int, str]] = set()
+        #: The node runs an elastic job lost that were said (``_say_losses``): (pod uid, the
+        #: run's start and end).
+        self.losses_said: set[tuple[str, str, str]] = set()
+        #: ... and the restarts of a node's container said (pod uid, restart count).
+        self.returns_said: set[tuple[str, int]] = set()
         self._unschedulable_grace: float | None = None
         self._runtime_object: dict[str, Any] | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
@@ -433,6 +448,7 @@ class WaitSession:
         if state in TERMINAL_STATES:
             self._catch_up_pods()
             return self._status(state, reason, message), None
+        self._say_losses()
         if self.fail_early:
             problem = self._problem()
             if problem is not None:
@@ -531,10 +547,60 @@ class WaitSession:
             why = "the runtime schedules a gang: its pods wait until the whole group fits"
         return f"waiting for it to clear with no time limit ({why}; {option} sets one)"
 
+    def _say_losses(self) -> None:
+        """The membership changes of an elastic PyTorchJob the pods show, one notice each, in
+        the local backend's words ("continuing with 1 of 1..2 nodes"; the live bar reads the
+        count, ``progress.parse_membership``): a node run lost (its container ended with a
+        non-zero code while the job goes on; the other nodes' torchruns see a lost peer and
+        restart their workers at the new world size), and the lost node's container running
+        again after the kubelet restarted it in place (``restartPolicy`` OnFailure, within
+        ``runPolicy.backoffLimit``), when its torchrun joins the next rendezvous round. The
+        rendezvous itself cannot be seen from here, only the pods: a node is counted from its
+        container running again. A run is known by its termination's start and end, the same
+        from its end through the back-off to the restart."""
+        elastic = self.kind.elastic_nodes(self.job or {})
+        if elastic is None:
+            return
+        nodes = f"{elastic[0]}..{elastic[1]}"
+        latest = latest_by_node(self.pods.values())
+        running = {index for index, pod in latest.items() if running_node(pod)}
+        for index, pod in sorted(latest.items()):
+            uid = pod.metadata.uid or pod.metadata.name
+            ended = last_termination(pod)
+            if ended is not None and ended.exit_code:
+                run = (uid, str(ended.started_at), str(ended.finished_at))
+                if run not in self.losses_said:
+                    self.losses_said.add(run)
+                    self.context.warn(
+                        f"kubetrain: {self._loss(index, pod, ended.exit_code, running, nodes)}"
+                    )
+            count = restart_count(pod)
+            if index in running and count and (uid, count) not in self.returns_said:
+                self.returns_said.add((uid, count))
+                self.context.warn(
+                    f"kubetrain: node {index} running again (its container's restart {count}); "
+                    f"{len(running)} of {nodes} nodes once it rejoins the rendezvous"
+                )
+
+    def _loss(self, index: int, pod: V1Pod, code: int, running: set[int], nodes: str) -> str:
+        """The notice of node ``index`` lost with ``code``, ``running`` the nodes running."""
+        lost = f"node {index} lost (exit code {code})"
+        left = len(running - {index})
+        coming = self._restart_coming(pod)
+        if coming is None:
+            return (
+                f"{lost}; {left} of {nodes} nodes left; it is not restarted (restartPolicy "
+                "Never, or runPolicy.backoffLimit reached), so the operator fails the job"
+            )
+        return f"{lost}; continuing with {left} of {nodes} nodes; {coming} to rejoin"
+
     def _say_restart(self, pod: V1Pod, problem: PodProblem, coming: str) -> None:
         """One line per failed run (a pod's container run, counted by its restartCount) that
         the runtime runs again: no reason to end the wait, the job's own Failed condition
-        says when its restarts run out."""
+        says when its restarts run out. An elastic job's crash-looping node was said lost
+        (``_say_losses``)."""
+        if problem.reason == "CrashLoopBackOff" and self.kind.elastic_nodes(self.job or {}):
+            return
         key = (pod.metadata.name, failed_run(pod), problem.reason)
         if key not in self.restarts_said:
             self.restarts_said.add(key)

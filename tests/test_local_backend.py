@@ -334,7 +334,7 @@ def test_every_spec_field_survives_the_job_record() -> None:
 
     spec = TrainJobSpec(
         name="every-field", command=("python",), args=("train.py",), image="ghcr.io/a/b:1",
-        env={"A": "1"}, num_nodes=3, procs_per_node=2,
+        env={"A": "1"}, num_nodes=3, min_nodes=2, procs_per_node=2,
         resources_per_node=Resources(cpu="2", memory="1Gi", gpu=1),
         runtime=RuntimeRef(name="rt", kind="TrainingRuntime"),
         volumes=(Volume(name="v", claim_name="c", mount_path="/m", read_only=True),),

@@ -72,6 +72,7 @@ from kubetrain.backends.kubernetes.pods import (
     first_failure,
     latest_by_node,
     list_job_pods,
+    live_nodes,
     node_container,
     node_statuses,
 )
@@ -87,6 +88,7 @@ from kubetrain.backends.kubernetes.wait import (
 from kubetrain.backends.kubernetes.watch import WATCH_SECONDS
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.progress import node_range
 from kubetrain.render import render_job
 from kubetrain.render.metadata import (
     JOB_NAME_LABEL,
@@ -294,6 +296,7 @@ class KubernetesBackend:
         pods, _ = self._job_pods(name, job)
         state, reason, message = self._state(job, pods)
         failure = first_failure(pods) if state == FAILED else None
+        elastic = self.kind.elastic_nodes(job)
         return JobStatus(
             name=name,
             state=state,
@@ -302,6 +305,8 @@ class KubernetesBackend:
             nodes=node_statuses(pods),
             failed_rank=failure[0] if failure else None,
             created_at=timestamp(job.get("metadata", {}).get("creationTimestamp")),
+            node_range=node_range(*elastic) if elastic else "",
+            live_nodes=live_nodes(pods) if elastic else None,
         )
 
     # -------------------------------------------------------------------------- wait
@@ -520,7 +525,9 @@ class KubernetesBackend:
             name = job["metadata"]["name"]
             state, _, _ = self._state(job, self.list_pods(name))
             created_at = timestamp(job["metadata"].get("creationTimestamp"))
-            rows.append(JobRow(name, state, max(0.0, now - created_at), _nodes_of(job)))
+            elastic = self.kind.elastic_nodes(job)
+            nodes = node_range(*elastic) if elastic else _nodes_of(job)
+            rows.append(JobRow(name, state, max(0.0, now - created_at), nodes))
         return rows
 
     # ------------------------------------------------------------------------ delete

@@ -158,6 +158,14 @@ def running_node(pod: V1Pod) -> bool:
     return bool(status and status.state and status.state.running)
 
 
+def live_nodes(pods: Iterable[V1Pod]) -> int:
+    """An elastic job's nodes in it, as its pods show them: each node whose container runs
+    or exited 0 (a lost one, ended or waiting to restart, is not)."""
+    return sum(
+        1 for pod in latest_by_node(pods).values() if running_node(pod) or exit_code(pod) == 0
+    )
+
+
 def restart_count(pod: V1Pod) -> int:
     """How many times the kubelet restarted the node container in place."""
     status = node_container(pod)

@@ -81,6 +81,7 @@ from kubetrain.backends.kubernetes.pods import (
     last_termination,
     latest_by_node,
     list_job_pods,
+    live_nodes,
     node_statuses,
     replacement_pod,
     restart_attempt,
@@ -92,6 +93,7 @@ from kubetrain.backends.kubernetes.watch import Change, Failure, ListWatcher, Sn
 from kubetrain.backends.mpirun_report import first_failure as first_mpirun_failure
 from kubetrain.backends.torchrun_report import first_failure as first_rank_failure
 from kubetrain.errors import KubetrainError
+from kubetrain.progress import membership, node_range
 
 #: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
 TICK_SECONDS = 0.2
@@ -561,7 +563,7 @@ class WaitSession:
         elastic = self.kind.elastic_nodes(self.job or {})
         if elastic is None:
             return
-        nodes = f"{elastic[0]}..{elastic[1]}"
+        nodes = node_range(*elastic)
         latest = latest_by_node(self.pods.values())
         running = {index for index, pod in latest.items() if running_node(pod)}
         for index, pod in sorted(latest.items()):
@@ -579,7 +581,7 @@ class WaitSession:
                 self.returns_said.add((uid, count))
                 self.context.warn(
                     f"kubetrain: node {index} running again (its container's restart {count}); "
-                    f"{len(running)} of {nodes} nodes once it rejoins the rendezvous"
+                    f"{membership(len(running), nodes)} once it rejoins the rendezvous"
                 )
 
     def _loss(self, index: int, pod: V1Pod, code: int, running: set[int], nodes: str) -> str:
@@ -589,10 +591,10 @@ class WaitSession:
         coming = self._restart_coming(pod)
         if coming is None:
             return (
-                f"{lost}; {left} of {nodes} nodes left; it is not restarted (restartPolicy "
+                f"{lost}; {membership(left, nodes)} left; it is not restarted (restartPolicy "
                 "Never, or runPolicy.backoffLimit reached), so the operator fails the job"
             )
-        return f"{lost}; continuing with {left} of {nodes} nodes; {coming} to rejoin"
+        return f"{lost}; continuing with {membership(left, nodes)}; {coming} to rejoin"
 
     def _say_restart(self, pod: V1Pod, problem: PodProblem, coming: str) -> None:
         """One line per failed run (a pod's container run, counted by its restartCount) that
@@ -820,6 +822,7 @@ class WaitSession:
                 if named not in message:  # a condition may quote it (our fake Trainer's does)
                     message = f"{message}; {named}"
         metadata = (self.job or {}).get("metadata") or {}
+        elastic = self.kind.elastic_nodes(self.job or {})
         return JobStatus(
             name=self.name,
             state=state,
@@ -829,6 +832,8 @@ class WaitSession:
             failed_rank=failed_rank,
             created_at=timestamp(metadata.get("creationTimestamp")),
             finished_at=time.time() if state in TERMINAL_STATES else None,
+            node_range=node_range(*elastic) if elastic else "",
+            live_nodes=live_nodes(pods) if elastic else None,
         )
 
     def _failing_rank(self, pods: list[V1Pod]) -> tuple[int, str] | None:

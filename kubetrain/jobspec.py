@@ -213,7 +213,8 @@ ELASTIC_RDZV_BACKEND = "c10d"
 #: Set on every node of an elastic job (PyTorchJob pods and local nodes alike): torch 2.13's
 #: torchrun shares its rendezvous TCPStore with the workers, and a node that joins a running
 #: job then waits for the store address the rank-0 node published only in its first round,
-#: until rank 0 fails with ``DistStoreError: wait timeout after 60000ms`` (measured here) (``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``
+#: until rank 0 fails with ``DistStoreError: wait timeout after 60000ms`` (measured here;
+#: ``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``
 #: ``DynamicRendezvousHandler.next_rendezvous``, ~line 1205: the cached
 #: ``_bootstrap_store_info`` is not rebuilt on a new round; pytorch/pytorch#147064). torch's own
 #: opt-out builds the store info afresh in every round.

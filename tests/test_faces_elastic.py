@@ -160,7 +160,8 @@ USE_ELASTIC = "use backend local or pytorchjob"
         (["--nodes", "1:2", "--max-restarts", "3", "--strategy", "deepspeed"],
          "strategy: deepspeed with elastic nodes 1:2: a ZeRO checkpoint resumes only at the"),
         (["--nodes", "1:100000", "--max-restarts", "3", "--", "python", "-c", "pass"],
-         "nodes: 100000 node(s) x 1 process(es) = 100000 processes on this machine, more than"),
+         "nodes: MAX 100000 of 1:100000 node(s) x 1 process(es) = 100000 processes on this "
+         "machine, more than the local limit"),
         (["--nodes", "1:2", "--max-restarts", "3", "--backend", "trainer"], TRAINER_HAS_NONE),
         (["--nodes", "1:2", "--max-restarts", "3", "--backend", "job"],
          "an Indexed Job starts a fixed number of pods"),

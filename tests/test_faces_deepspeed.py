@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,11 +25,11 @@ from kubetrain.components.launch_trainjob.launch import (
     render_launch,
 )
 from kubetrain.components.launch_trainjob.template import launch_trainjob_template
-from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import MPI_RUNTIME, TrainJobSpec
 from kubetrain.pipelines.training_workflow import PARAMETERS
 from kubetrain.render import MPI_BACKENDS
 from kubetrain.rules import DEFAULT_ZERO_STAGE, LAUNCHERS, ZERO_STAGES
+from tests.support.faces import accepted, pipeline_parameters_of_run, refused
 
 CONFIG = '{"gradient_clipping": 1.0}'
 #: The options of issue 29 as `kubetrain launch` takes them, and what the request then holds.
@@ -114,28 +113,14 @@ def test_kubetrain_run_gives_them_to_the_pipeline(monkeypatch, tmp_path):
     """`kubetrain run`'s options are the pipeline's parameters (which reach the launch step:
     test_faces_parity.py); a config file goes as its JSON text, read here (the steps need not
     run in this folder)."""
-    import kubetrain.pipelines.training_pipeline as pipeline_module
-    from kubetrain.cli import run as run_cli
-
-    class Started(Exception):
-        """The pipeline was called: the run stops here."""
-
-    given: dict[str, Any] = {}
-
-    def pipeline(**parameters: Any) -> None:
-        given.update(parameters)
-        raise Started
-
-    monkeypatch.setattr(pipeline_module, "build_training_pipeline", lambda secret: pipeline)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
     Path("ds.json").write_text(CONFIG)
-    args = build_parser().parse_args(
+    given = pipeline_parameters_of_run(
+        monkeypatch,
         ["run", "--strategy", "deepspeed", "--zero-stage", "1", "--deepspeed-config", "ds.json",
-         "--launcher", "mpi", "--procs-per-node", "2", "--output", str(tmp_path / "runs")]
+         "--launcher", "mpi", "--procs-per-node", "2", "--output", str(tmp_path / "runs")],
     )  # fmt: skip
-    with pytest.raises(Started):
-        run_cli.run(args)
     assert (given["strategy"], given["zero_stage"], given["launcher"]) == ("deepspeed", 1, "mpi")
     assert json.loads(given["deepspeed_config"]) == json.loads(CONFIG)
     defaults = build_parser().parse_args(["run"])
@@ -158,19 +143,6 @@ def test_render_trainjob_launcher_mpi_renders_the_mpi_job(capsys):
     assert ours[ours.index("--zero-stage") + 1] == "3"
     assert json.loads(ours[ours.index("--deepspeed-config") + 1]) == json.loads(CONFIG)
     assert trainer["numProcPerNode"] == 2
-
-
-def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    """The one line `kubetrain ARGV` is refused with (exit 2)."""
-    capsys.readouterr()
-    try:
-        code = kubetrain_main(argv)
-    except SystemExit as exc:  # argparse's refusal
-        code = exc.code
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    (line,) = err.strip().splitlines()
-    return line
 
 
 MPI_AUTO = "is auto with --launcher mpi and no GPU: the hostfile needs the slots per node"
@@ -300,11 +272,3 @@ def test_the_launcher_check_agrees_with_launch(backend, procs, gpu):
     ours = accepted(lambda: check_launcher(values, str))
     assert ours == accepted(lambda: render_launch(request, backend)), values
     assert ours == (backend in MPI_BACKENDS and (procs != "auto" or gpu > 0))
-
-
-def accepted(check: Any) -> bool:
-    try:
-        check()
-    except InvalidInput:
-        return False
-    return True

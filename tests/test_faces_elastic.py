@@ -7,12 +7,10 @@ is fixed, no restarts, a ZeRO checkpoint), before anything is created."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
 from kubetrain.cli import build_parser
-from kubetrain.cli import main as kubetrain_main
 from kubetrain.cli.param_option import VALUE_RULES, check_elastic_values
 from kubetrain.components.launch_trainjob import launch as launch_module
 from kubetrain.components.launch_trainjob.cli import request_from_args
@@ -27,6 +25,7 @@ from kubetrain.components.launch_trainjob.template import launch_trainjob_templa
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import ELASTIC_BACKENDS, TrainJobSpec, resolve_nodes
 from kubetrain.pipelines.training_workflow import PARAMETERS
+from tests.support.faces import accepted, pipeline_parameters_of_run, refused
 
 ELASTIC = ["--nodes", "1:4", "--max-restarts", "3"]
 
@@ -87,24 +86,9 @@ def test_the_kfp_pipeline_and_the_argo_workflow_declare_them_with_the_defaults()
 
 
 def test_kubetrain_run_gives_them_to_the_pipeline(monkeypatch, tmp_path):
-    import kubetrain.pipelines.training_pipeline as pipeline_module
-    from kubetrain.cli import run as run_cli
-
-    class Started(Exception):
-        """The pipeline was called: the run stops here."""
-
-    given: dict[str, Any] = {}
-
-    def pipeline(**parameters: Any) -> None:
-        given.update(parameters)
-        raise Started
-
-    monkeypatch.setattr(pipeline_module, "build_training_pipeline", lambda secret: pipeline)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
-    args = build_parser().parse_args(["run", *ELASTIC, "--output", str(tmp_path / "runs")])
-    with pytest.raises(Started):
-        run_cli.run(args)
+    given = pipeline_parameters_of_run(monkeypatch, ["run", *ELASTIC, "--output", "runs"])
     assert (given["nodes"], given["max_restarts"]) == ("1:4", 3)
 
 
@@ -123,19 +107,6 @@ def test_render_pytorchjob_plans_an_elastic_spec():
         launch_module.get_backend("pytorchjob"),
     )
     assert (fixed.spec.min_nodes, fixed.spec.num_nodes, fixed.spec.elastic) == (None, 3, False)
-
-
-def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    """The one line `kubetrain ARGV` is refused with (exit 2)."""
-    capsys.readouterr()
-    try:
-        code = kubetrain_main(argv)
-    except SystemExit as exc:  # argparse's refusal
-        code = exc.code
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    (line,) = err.strip().splitlines()
-    return line
 
 
 TRAINER_HAS_NONE = "Kubeflow Trainer v2.3 has no elastic training"
@@ -276,11 +247,3 @@ def test_the_elastic_check_agrees_with_launch(backend, nodes, restarts):
     assert ours == accepted(lambda: render_launch(request, backend)), values
     elastic_job = ":" in nodes
     assert ours == (not elastic_job or (backend in ELASTIC_BACKENDS and restarts > 0))
-
-
-def accepted(check: Any) -> bool:
-    try:
-        check()
-    except InvalidInput:
-        return False
-    return True

@@ -149,13 +149,7 @@ def test_a_node_still_rejoining_when_the_job_finishes_is_stopped(local_root, tmp
             time.sleep(0.05)
     """,
     )
-    spec = TrainJobSpec(
-        name="late",
-        command=("python", str(tmp_path / "node.py")),
-        num_nodes=2,
-        min_nodes=1,
-        max_restarts=1,
-    )
+    spec = one_to_two_nodes("late", tmp_path)
     backend = LocalBackend()
     backend.launch(spec)
     started = time.monotonic()
@@ -210,13 +204,7 @@ def test_a_node_lost_below_min_fails_the_job_with_the_reason(local_root, tmp_pat
 
 def test_deleting_an_elastic_job_stops_every_node(local_root, tmp_path):
     write_script(tmp_path, "import time; time.sleep(60)")
-    spec = TrainJobSpec(
-        name="doomed",
-        command=("python", str(tmp_path / "node.py")),
-        num_nodes=2,
-        min_nodes=1,
-        max_restarts=1,
-    )
+    spec = one_to_two_nodes("doomed", tmp_path)
     backend = LocalBackend()
     backend.launch(spec)
     job_id = json.loads((local_root / "doomed" / "job.json").read_text())["id"]
@@ -226,6 +214,17 @@ def test_deleting_an_elastic_job_stops_every_node(local_root, tmp_path):
         time.sleep(0.05)
     backend.delete("doomed")
     assert job_processes(job_id) == [] and not (local_root / "doomed").exists()
+
+
+def one_to_two_nodes(name: str, tmp_path: Path) -> TrainJobSpec:
+    """A 1:2 job of ``tmp_path/node.py`` (``write_script``), one restart."""
+    return TrainJobSpec(
+        name=name,
+        command=("python", str(tmp_path / "node.py")),
+        num_nodes=2,
+        min_nodes=1,
+        max_restarts=1,
+    )
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

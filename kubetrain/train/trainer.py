@@ -263,9 +263,9 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
         if reason is None:
             raise
         raise KubetrainError(
-            f"another process of this job was lost ({reason}); its own log says why. torchrun "
-            "restarts the job from the newest checkpoint while --max-restarts allows, an "
-            "elastic job (--nodes MIN:MAX) with the nodes left"
+            f"another process of this job was lost ({reason}); read its node's log for why "
+            "(torchrun restarts the job from the newest checkpoint while --max-restarts allows, "
+            "an elastic job, --nodes MIN:MAX, with the nodes left)"
         ) from exc
 
 

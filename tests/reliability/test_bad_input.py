@@ -88,7 +88,7 @@ BAD_INPUTS: list[Any] = [
     case("launch-name-too-long", "name", *TRAINER, "--name", "a" * 64),
     case("launch-nodes-zero", "nodes", *TRAINER, "--nodes", "0"),
     case("launch-nodes-negative", "nodes", *TRAINER, "--nodes", "-2"),
-    case("launch-nodes-not-a-number", "--nodes", *TRAINER, "--nodes", "two"),
+    case("launch-nodes-not-a-number", "nodes", *TRAINER, "--nodes", "two"),
     case("launch-procs-per-node-zero", "procs_per_node", *TRAINER, "--procs-per-node", "0"),
     case("launch-strategy-unknown", "strategy", *TRAINER, "--strategy", "zero3"),
     case("launch-model-unknown", "model", *TRAINER, "--model", "resnet"),

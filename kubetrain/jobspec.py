@@ -263,15 +263,12 @@ def check_node_range(min_nodes: int, max_nodes: int, field_name: str = "nodes") 
 def check_elastic(
     nodes: int | str,
     launcher: str,
-    max_restarts: int,
     strategy: str = "",
     option: Callable[[str], str] = str,
 ) -> None:
     """An elastic ``nodes`` (``MIN:MAX``) needs torchrun (mpirun starts a fixed world of
-    ranks), restarts to go on with (a lost node fails the others' collectives and torchrun
-    restarts them at the new size, one of ``--max-restarts`` each time), and a strategy whose
-    checkpoint resumes at another world size (a ZeRO checkpoint does not). ``option(name)``
-    is how the face names a field; a fixed ``nodes`` passes."""
+    ranks) and a strategy whose checkpoint resumes at another world size (a ZeRO checkpoint
+    does not). ``option(name)`` is how the face names a field; a fixed ``nodes`` passes."""
     min_nodes, max_nodes = resolve_nodes(nodes, option("nodes"))
     if min_nodes is None:
         return
@@ -282,14 +279,6 @@ def check_elastic(
             f"{given} is elastic, and mpirun starts a fixed world of ranks",
             f"use launcher torchrun for an elastic job, or a fixed {max_nodes} nodes with mpi",
         )
-    if not isinstance(max_restarts, int) or max_restarts < 1:
-        raise InvalidInput(
-            option("max_restarts"),
-            f"is {rules.shown(max_restarts)} with elastic nodes {given}: the first lost node "
-            "would end the job (torchrun restarts the others at the new size, one restart each "
-            "time)",
-            "give 3 or more restarts with nodes MIN:MAX",
-        )
     if strategy == "deepspeed":
         raise InvalidInput(
             option("strategy"),
@@ -297,6 +286,18 @@ def check_elastic(
             "size that wrote it",
             f"use ddp or fsdp for an elastic job, or a fixed {max_nodes} nodes with deepspeed",
         )
+
+
+#: The restarts an elastic job gets when none are asked for (0, every face's default): each
+#: lost or rejoining node makes torchrun restart the others at the new size, one restart each
+#: time, and with none the first lost node would end the job.
+DEFAULT_ELASTIC_RESTARTS = 3
+
+
+def elastic_restarts(max_restarts: int, min_nodes: int | None) -> int:
+    """``max_restarts`` as asked, or ``DEFAULT_ELASTIC_RESTARTS`` for an elastic job that asks
+    for none."""
+    return DEFAULT_ELASTIC_RESTARTS if min_nodes is not None and max_restarts == 0 else max_restarts
 
 
 def nodes_text(min_nodes: int | None, max_nodes: int) -> str:
@@ -453,8 +454,7 @@ class TrainJobSpec:
             "use 0 (fail on the first node failure) or a small number like 3",
         )
         if self.min_nodes is not None:
-            check_node_range(self.min_nodes, self.num_nodes)
-            check_elastic(self.nodes_text, self.launcher, self.max_restarts)
+            self._validate_elastic()
         if self.active_deadline_seconds is not None:
             # An int64 in the Job and the TrainJob.
             rules.whole_number(
@@ -483,6 +483,27 @@ class TrainJobSpec:
     @property
     def nodes_text(self) -> str:
         return nodes_text(self.min_nodes, self.num_nodes)
+
+    def _validate_elastic(self) -> None:
+        """A node range, torchrun, restarts to go on with (launch gives
+        ``DEFAULT_ELASTIC_RESTARTS`` when none are asked for), and torch's opt-out of the shared
+        rendezvous store left as ``ELASTIC_NODE_ENV`` sets it: a rejoining node needs it."""
+        check_node_range(self.min_nodes, self.num_nodes)  # type: ignore[arg-type]
+        check_elastic(self.nodes_text, self.launcher)
+        if self.max_restarts < 1:
+            raise InvalidInput(
+                "max_restarts",
+                f"is 0 with elastic nodes {self.nodes_text}: the first lost node would end the job",
+                f"give 1 or more (launch gives {DEFAULT_ELASTIC_RESTARTS} when none is asked for)",
+            )
+        for key, value in ELASTIC_NODE_ENV.items():
+            if self.env.get(key, value) != value:
+                raise InvalidInput(
+                    "env",
+                    f"{key}={rules.shown(self.env[key])} in an elastic job: a node that rejoins "
+                    "it would fail with DistStoreError (pytorch/pytorch#147064)",
+                    f"drop {key}: kubetrain sets it to {value} on every node of an elastic job",
+                )
 
     def replicated_jobs(self) -> list[tuple[str, int, int]]:
         """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs

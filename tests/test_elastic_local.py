@@ -9,8 +9,10 @@ import io
 import json
 import re
 import signal
+import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -120,6 +122,8 @@ def test_a_lost_node_is_started_again_then_left_out_and_the_others_complete(
     assert notices(out) == [
         "kubetrain: node 1 lost (exit code 3); continuing with 1 of 1..2 nodes; starting it "
         "again to rejoin (restart 1 of 1)",
+        # no torchrun: no rendezvous to wait for, so it is back as it starts
+        "kubetrain: node 1 rejoined; 2 of 1..2 nodes",
         "kubetrain: node 1 lost (exit code 3); continuing with 1 of 1..2 nodes (no restarts left)",
     ]
     assert "node 0 finished" in out
@@ -132,9 +136,9 @@ def test_a_lost_node_is_started_again_then_left_out_and_the_others_complete(
 
 
 def test_a_node_still_rejoining_when_the_job_finishes_is_stopped(local_root, tmp_path, capsys):
-    """Node 1 is started again after its loss but has not rejoined (its program started no
-    workers) when node 0 exits 0: it has nothing left to join, so it is stopped, and the job
-    is Complete at once instead of waiting on it."""
+    """Node 1 is started again after its loss but has not rejoined (its program, named torchrun,
+    started no workers: its rendezvous never completed) when node 0 exits 0: it has nothing
+    left to join, so it is stopped, and the job is Complete at once instead of waiting on it."""
     node_0_log, marker = local_root / "late" / "node-0.log", tmp_path / "failed-once"
     write_script(
         tmp_path,
@@ -149,7 +153,10 @@ def test_a_node_still_rejoining_when_the_job_finishes_is_stopped(local_root, tmp
             time.sleep(0.05)
     """,
     )
-    spec = one_to_two_nodes("late", tmp_path)
+    fake_torchrun = tmp_path / "torchrun"
+    fake_torchrun.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'node.py'}\n")
+    fake_torchrun.chmod(0o755)
+    spec = replace(one_to_two_nodes("late", tmp_path), command=(str(fake_torchrun),))
     backend = LocalBackend()
     backend.launch(spec)
     started = time.monotonic()
@@ -192,6 +199,7 @@ def test_a_node_lost_below_min_fails_the_job_with_the_reason(local_root, tmp_pat
     assert notices(out) == [
         "kubetrain: node 1 lost (exit code 3); 1 of 2..2 nodes left, fewer than MIN 2; "
         "starting it again to rejoin (restart 1 of 1)",
+        "kubetrain: node 1 rejoined; 2 of 2..2 nodes",
         f"kubetrain: {reason}",
     ]
     status = LocalBackend().status("short")

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
 from kubetrain.cli import build_parser
+from kubetrain.cli import main as kubetrain_main
 from kubetrain.cli.param_option import VALUE_RULES, check_elastic_values
 from kubetrain.components.launch_trainjob import launch as launch_module
 from kubetrain.components.launch_trainjob.cli import request_from_args
@@ -23,7 +25,12 @@ from kubetrain.components.launch_trainjob.launch import (
 )
 from kubetrain.components.launch_trainjob.template import launch_trainjob_template
 from kubetrain.errors import InvalidInput
-from kubetrain.jobspec import ELASTIC_BACKENDS, TrainJobSpec, resolve_nodes
+from kubetrain.jobspec import (
+    DEFAULT_ELASTIC_RESTARTS,
+    ELASTIC_BACKENDS,
+    TrainJobSpec,
+    resolve_nodes,
+)
 from kubetrain.pipelines.training_workflow import PARAMETERS
 from tests.support.faces import accepted, pipeline_parameters_of_run, refused
 
@@ -125,7 +132,6 @@ USE_ELASTIC = "use backend local or pytorchjob"
         (["--nodes", "1:"], "nodes: '1:' is not N nor MIN:MAX"),
         (["--nodes", "two"], "nodes: 'two' is not N nor MIN:MAX"),
         (["--nodes", "0"], "nodes: 0 is below 1"),
-        (["--nodes", "1:2"], "max_restarts: is 0 with elastic nodes 1:2: the first lost node"),
         (["--nodes", "1:2", "--max-restarts", "3", "--launcher", "mpi", "--procs-per-node", "1"],
          "nodes: 1:2 is elastic, and mpirun starts a fixed world of ranks"),
         (["--nodes", "1:2", "--max-restarts", "3", "--strategy", "deepspeed"],
@@ -169,7 +175,6 @@ def test_render_refuses_elastic_on_a_backend_without_it(capsys, backend):
     [
         (["--nodes", "1:2", "--max-restarts", "3", "--backend", "trainer", "--storage",
           "s3://bucket/runs"], f"--nodes: 1:2 asks for an elastic job, and {TRAINER_HAS_NONE}"),
-        (["--nodes", "1:2"], "--max-restarts: is 0 with elastic nodes 1:2"),
         (["--nodes", "2:1", "--max-restarts", "3"], "--nodes: MIN 2 is more than MAX 1"),
         (["--nodes", "1:2", "--max-restarts", "3", "--strategy", "deepspeed"],
          "--strategy: deepspeed with elastic nodes 1:2"),
@@ -194,7 +199,6 @@ def test_run_refuses_bad_values_in_one_line_before_any_step(
     [
         (["nodes=1:2", "max_restarts=3"], f"--param nodes: 1:2 asks for an elastic job, and "
          f"{TRAINER_HAS_NONE}"),  # the pipeline's default backend is trainer
-        (["nodes=1:2", "backend=pytorchjob"], "--param max_restarts: is 0 with elastic nodes"),
         (["nodes=3:2", "backend=pytorchjob"], "--param nodes: MIN 3 is more than MAX 2"),
         (["nodes=1:2", "backend=pytorchjob", "max_restarts=3", "strategy=deepspeed"],
          "--param strategy: deepspeed with elastic nodes 1:2"),
@@ -209,10 +213,30 @@ def test_submit_refuses_bad_values_before_contacting_the_server(capsys, target, 
     assert line in got, got
 
 
+def test_an_elastic_job_asking_no_restarts_gets_three_and_is_told(capsys):
+    """Every face's --max-restarts defaults to 0, which would end an elastic job at its first
+    lost node: launch gives it DEFAULT_ELASTIC_RESTARTS and says so on stderr; a number asked
+    for is kept, and a spec made without launch still needs one."""
+    assert kubetrain_main(["render", "pytorchjob", "--name", "el", "--nodes", "1:4"]) == 0
+    out, err = capsys.readouterr()
+    (job,) = [d for d in yaml.safe_load_all(out) if d]
+    assert job["spec"]["elasticPolicy"]["maxRestarts"] == DEFAULT_ELASTIC_RESTARTS == 3
+    assert err == (
+        "kubetrain: note: --nodes 1:4 is elastic: --max-restarts 3 (each lost or rejoining node "
+        "takes one); give --max-restarts N for another number\n"
+    )
+    assert kubetrain_main(["render", "pytorchjob", "--nodes", "1:4", "--max-restarts", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "maxRestarts: 1" in out and err == ""
+    spec = TrainJobSpec(name="el", command=("torchrun", "t.py"), num_nodes=2, min_nodes=1)
+    with pytest.raises(InvalidInput, match="max_restarts: is 0 with elastic nodes 1:2"):
+        spec.validate()
+
+
 def test_a_users_program_may_be_elastic_whatever_the_strategy():
     """``strategy`` is our trainer's: with the user's program it is not used, so deepspeed there
     refuses nothing (their program decides how it checkpoints)."""
-    values = {"nodes": "1:2", "backend": "pytorchjob", "max_restarts": "3", "strategy": "deepspeed"}
+    values = {"nodes": "1:2", "backend": "pytorchjob", "strategy": "deepspeed"}
     check_elastic_values(values, str, own_program=True)
     with pytest.raises(InvalidInput, match="strategy: deepspeed with elastic"):
         check_elastic_values(values, str)
@@ -245,5 +269,4 @@ def test_the_elastic_check_agrees_with_launch(backend, nodes, restarts):
     values = {"nodes": nodes, "backend": backend, "max_restarts": restarts}
     ours = accepted(lambda: check_elastic_values(values, str))
     assert ours == accepted(lambda: render_launch(request, backend)), values
-    elastic_job = ":" in nodes
-    assert ours == (not elastic_job or (backend in ELASTIC_BACKENDS and restarts > 0))
+    assert ours == (":" not in nodes or backend in ELASTIC_BACKENDS)

@@ -50,6 +50,7 @@ from kubetrain.jobspec import (
     TrainJobSpec,
     Volume,
     check_elastic,
+    elastic_restarts,
     procs_gpu_mismatch,
     resolve_nodes,
     resolve_procs_per_node,
@@ -266,7 +267,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
     refuse_elastic(request.nodes, backend)
     min_nodes, max_nodes = resolve_nodes(request.nodes)
     strategy = request.training.strategy if request.runs_our_trainer else ""
-    check_elastic(request.nodes, request.launcher, request.max_restarts, strategy)
+    check_elastic(request.nodes, request.launcher, strategy)
     name = resolve_job_name(request.name, request.run_name)
     shared = request.shared_volume if backend != "local" else None
     volumes = (*request.volumes, shared) if shared is not None else request.volumes
@@ -352,7 +353,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         service_account=request.service_account,
         storage_secret=request.storage_secret,
         suspend=request.suspend,
-        max_restarts=request.max_restarts,
+        max_restarts=elastic_restarts(request.max_restarts, min_nodes),
         active_deadline_seconds=request.active_deadline_seconds,
         dataset_initializer=request.dataset_initializer,
         model_initializer=request.model_initializer,
@@ -361,6 +362,11 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         launcher=request.launcher,
     ).validate()
     note = ""
+    if spec.max_restarts != request.max_restarts:
+        note = (
+            f"--nodes {spec.nodes_text} is elastic: --max-restarts {spec.max_restarts} (each "
+            "lost or rejoining node takes one); give --max-restarts N for another number"
+        )
     if backend == "trainer" and spec.runtime.name != request.runtime:
         note = (
             f"--launcher mpi runs on runtime {spec.runtime.name}, not the default "

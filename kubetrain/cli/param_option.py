@@ -221,17 +221,15 @@ def check_elastic_values(
     values: Mapping[str, object], option: Callable[[str], str], own_program: bool = False
 ) -> None:
     """Refuse ``nodes`` MIN:MAX where launch would, before a step runs: on a backend without
-    elastic jobs (``render.refuse_elastic``), with launcher mpi, without restarts, with
-    deepspeed (``jobspec.check_elastic``). ``values`` holds the run's parameters (text or
-    numbers); ``option(name)`` is how the face names a parameter; ``own_program``: the user's
-    program runs, not our trainer, so ``strategy`` is not used."""
+    elastic jobs (``render.refuse_elastic``), with launcher mpi or deepspeed
+    (``jobspec.check_elastic``). ``values`` holds the run's parameters (text or numbers);
+    ``option(name)`` is how the face names a parameter; ``own_program``: the user's program
+    runs, not our trainer, so ``strategy`` is not used."""
     nodes = str(values.get("nodes", "2"))
     refuse_elastic(nodes, str(values.get("backend", "trainer")), option("nodes"))
-    restarts = values.get("max_restarts", 0)  # a KFP default is a float: 0.0
     check_elastic(
         nodes,
         str(values.get("launcher", "torchrun")),
-        int(float(str(restarts))),  # max_restarts's own rule (VALUE_RULES) has passed it
         "" if own_program else str(values.get("strategy", "ddp")),
         option,
     )

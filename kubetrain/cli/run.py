@@ -257,12 +257,7 @@ def validate_arguments(args: argparse.Namespace) -> None:
         "gpu": 0,  # `kubetrain run`'s nodes ask for none
     }
     check_launcher(launch_values, lambda name: "--" + name.replace("_", "-"))
-    elastic_values = {
-        **launch_values,
-        "nodes": args.nodes,
-        "max_restarts": args.max_restarts,
-        "strategy": args.strategy,
-    }
+    elastic_values = {**launch_values, "nodes": args.nodes, "strategy": args.strategy}
     check_elastic_values(
         elastic_values, lambda name: "--" + name.replace("_", "-"), own_program=bool(program(args))
     )
@@ -337,6 +332,7 @@ def check_locations(args: argparse.Namespace) -> None:
     import shutil
 
     from kubetrain import storage
+    from kubetrain.backends.local.backend import check_process_cap
     from kubetrain.backends.local.files import ROOT_ENV, local_root
     from kubetrain.backends.local.supervisor import program_path
     from kubetrain.components._shared.step_outputs import check_folder_can_be_made
@@ -364,7 +360,12 @@ def check_locations(args: argparse.Namespace) -> None:
         ROOT_ENV,
         "set it to a folder you may write in (the local jobs' folders go there)",
     )
-    # the local backend's rule (LocalBackend.create), which it applies only at launch
+    # the local backend's rules (LocalBackend.check_launch), which it applies only at launch
+    check_process_cap(
+        *resolve_nodes(args.nodes, "--nodes"),
+        resolve_procs_per_node(args.procs_per_node, 0),
+        "--nodes",
+    )
     if (command := program(args)) and shutil.which(command[0], path=program_path()) is None:
         raise InvalidInput(
             "command",

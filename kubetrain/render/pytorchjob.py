@@ -271,7 +271,7 @@ def _pod_template(spec: TrainJobSpec) -> V1PodTemplateSpec:
 
 def _container_env(spec: TrainJobSpec) -> list[dict[str, str]]:
     """The spec's env (``pod.named_env``), after ``jobspec.ELASTIC_NODE_ENV`` in an elastic
-    job's nodes (a spec's own value of it wins)."""
+    job's nodes (a spec setting it to another value is refused by ``TrainJobSpec.validate``)."""
     named = pod.named_env(spec)
     if not spec.elastic:
         return named

@@ -70,6 +70,22 @@ def max_local_processes() -> int:
     return max(16, PROCESSES_PER_CORE * (os.cpu_count() or 1))
 
 
+def check_process_cap(
+    min_nodes: int | None, max_nodes: int, procs_per_node: int, field: str = "nodes"
+) -> None:
+    """Refuse a job of more processes than this machine may start (an elastic job starts MAX
+    nodes: the cap is on its largest size)."""
+    processes, limit = max_nodes * procs_per_node, max_local_processes()
+    if processes > limit:
+        nodes = f"MAX {max_nodes} of {min_nodes}:{max_nodes}" if min_nodes else max_nodes
+        raise InvalidInput(
+            field,
+            f"{nodes} node(s) x {procs_per_node} process(es) = {processes} "
+            f"processes on this machine, more than the local limit of {limit}",
+            f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
+        )
+
+
 class LocalBackend:
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else local_root()
@@ -101,16 +117,7 @@ class LocalBackend:
         """Refuse a job this machine cannot run (too many processes, a program not on PATH)
         before anything is made: launch calls it before it locks and makes the jobs' root."""
         spec.validate()
-        processes, limit = spec.num_nodes * spec.procs_per_node, max_local_processes()
-        if processes > limit:
-            # An elastic job starts MAX nodes: the cap is on its largest size.
-            nodes = f"MAX {spec.num_nodes} of {spec.nodes_text}" if spec.elastic else spec.num_nodes
-            raise InvalidInput(
-                "nodes",
-                f"{nodes} node(s) x {spec.procs_per_node} process(es) = {processes} "
-                f"processes on this machine, more than the local limit of {limit}",
-                f"use fewer, a cluster backend, or raise {MAX_PROCESSES_ENV}",
-            )
+        check_process_cap(spec.min_nodes, spec.num_nodes, spec.procs_per_node)
         if spec.launcher == "mpi" and mpirun_path() is None:
             raise InvalidInput(
                 "launcher",

@@ -67,7 +67,7 @@ from kubetrain.backends.local.supervisor import (
     stop_nodes,
     with_our_interpreter,
 )
-from kubetrain.jobspec import ELASTIC_NODE_ENV, ELASTIC_RDZV_BACKEND, TrainJobSpec
+from kubetrain.jobspec import ELASTIC_NODE_ENV, ELASTIC_RDZV_BACKEND, TrainJobSpec, rank_starter
 from kubetrain.progress import NOTICE, membership, node_range
 
 #: Each process of an elastic node carries ``<job id>:<node>`` here, so what a lost node
@@ -129,6 +129,10 @@ class ElasticJob:
         self.rejoining: set[int] = set()
         self.succeeded = False
         self.min_nodes = spec.min_nodes if spec.min_nodes is not None else spec.num_nodes
+        #: torchrun (or torch.distributed.run) starts the node's workers only once its
+        #: rendezvous round completed: a started-again node has rejoined then. Any other
+        #: program is back as soon as it runs.
+        self.joins_a_rendezvous = bool(rank_starter([*spec.command, *spec.args]))
         status.node_range = node_range(self.min_nodes, spec.num_nodes)
 
     def start(self, rank: int) -> None:
@@ -147,6 +151,11 @@ class ElasticJob:
             for node in self.status.nodes
             if node.exit_code is None and node.rank not in self.rejoining
         )
+
+    @property
+    def running(self) -> int:
+        """Nodes whose process runs, rejoining ones included: they can still make MIN."""
+        return sum(1 for node in self.status.nodes if node.exit_code is None)
 
     def notice(self, text: str) -> None:
         """A membership line in every node's log, where `kubetrain wait` and `logs` show it."""
@@ -209,12 +218,16 @@ class ElasticJob:
             except OSError as error:
                 status.failed_rank = rank
                 return FAILED, "StartError", start_error(self.job_dir, spec, rank, error)
-            self.rejoining.add(rank)
+            if self.joins_a_rendezvous:
+                self.rejoining.add(rank)
+            else:  # no rendezvous to wait for: it is back as it starts
+                self.notice(f"node {rank} rejoined; {self.membership()}")
             return None
-        if self.live < min_nodes:
+        if self.running < min_nodes:
             status.failed_rank = rank
+            left = f"{self.running} of {status.node_range} nodes left, fewer than MIN {min_nodes}"
             message = (
-                f"{lost}: {fewer}; no restarts left ({status.restarts} of {spec.max_restarts} used)"
+                f"{lost}: {left}; no restarts left ({status.restarts} of {spec.max_restarts} used)"
             )
             self.notice(message)
             return FAILED, "NodeLost", message

@@ -207,6 +207,8 @@ def test_an_elastic_job_ends_when_a_worker_succeeds_and_wait_says_a_lost_node(
     sleepers = elastic("sleepers", (1, 2), command=("python", "-c", SHOW_RDZV), env=env)
     backend.launch(sleepers)
     _wait_for(lambda: _running(operator, "sleepers", 2))
+    # killed once it has printed what it got (a loaded machine may start python slowly)
+    _wait_for(lambda: any(log.read_text() for log in operator.root.glob("*/sleepers-worker-1.log")))
     operator.kill_node("sleepers", "sleepers-worker-1")
     injected.struck("worker-1's process SIGKILLed")
     _wait_for(lambda: _restarts(emulator, "sleepers-worker-1") == 1)

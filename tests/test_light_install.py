@@ -185,7 +185,8 @@ def test_submit_argo_checks_parameters(light_env, tmp_path):
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
-        "kubetrain submit: error: --param nodes: 'abc' is not a whole number; give e.g. 2"
+        "kubetrain submit: error: --param nodes: 'abc' is not N nor MIN:MAX; give a whole "
+        "number of nodes, e.g. 2, or MIN:MAX for an elastic job, e.g. 1:2"
     ]
 
 

@@ -72,6 +72,9 @@ for stage, name, bf16 in ((1, "stage1", False), (2, "stage2", True), (3, "stage3
     engine.save_checkpoint(os.path.join(folder, "user", name))
     if stage == 3:  # our trainer's layout: the step folder, tag "zero", no "latest"
         engine.save_checkpoint(os.path.join(folder, "ours", "step"), tag="zero", save_latest=False)
+# a process group left for the interpreter's exit to tear down once aborted rank 0 ("terminate
+# called without an active exception", exit -6) on a loaded machine
+torch.distributed.destroy_process_group()
 """
 
 

@@ -15,12 +15,10 @@ import yaml
 from kubetrain.cli import build_parser
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.cli.param_option import VALUE_RULES, check_launcher
-from kubetrain.components.launch_trainjob import launch as launch_module
 from kubetrain.components.launch_trainjob.cli import request_from_args
 from kubetrain.components.launch_trainjob.component import launch_trainjob
 from kubetrain.components.launch_trainjob.launch import (
     LaunchRequest,
-    LaunchResult,
     TrainingOptions,
     render_launch,
 )
@@ -29,7 +27,13 @@ from kubetrain.jobspec import MPI_RUNTIME, TrainJobSpec
 from kubetrain.pipelines.training_workflow import PARAMETERS
 from kubetrain.render import MPI_BACKENDS
 from kubetrain.rules import DEFAULT_ZERO_STAGE, LAUNCHERS, ZERO_STAGES
-from tests.support.faces import accepted, pipeline_parameters_of_run, refused
+from tests.support.faces import (
+    accepted,
+    component_requests,
+    pipeline_parameters_of_run,
+    refused,
+    refused_run,
+)
 
 CONFIG = '{"gradient_clipping": 1.0}'
 #: The options of issue 29 as `kubetrain launch` takes them, and what the request then holds.
@@ -56,21 +60,11 @@ def test_launch_and_render_turn_the_options_into_the_request():
 
 
 def test_the_kfp_component_turns_its_inputs_into_the_request(monkeypatch, tmp_path):
-    from kfp import dsl
-
-    requests: list[LaunchRequest] = []
-
-    def recorded(request: LaunchRequest, backend: str, options: object) -> LaunchResult:
-        requests.append(request)
-        return LaunchResult("demo", "/checkpoints")
-
-    monkeypatch.setattr(launch_module, "launch", recorded)
-    dataset = dsl.Dataset(name="dataset", uri=str(tmp_path), metadata={})
-    launch_trainjob.python_func(
-        dataset=dataset, strategy="deepspeed", zero_stage=3, deepspeed_config=CONFIG,
-        launcher="mpi", procs_per_node="2",
-    )  # fmt: skip
-    launch_trainjob.python_func(dataset=dataset)
+    chosen_inputs = {
+        "strategy": "deepspeed", "zero_stage": 3, "deepspeed_config": CONFIG, "launcher": "mpi",
+        "procs_per_node": "2",
+    }  # fmt: skip
+    requests = component_requests(monkeypatch, tmp_path, chosen_inputs, {})
     assert [chosen(r) for r in requests] == [EXPECTED, ("ddp", DEFAULT_ZERO_STAGE, "", "torchrun")]
 
 
@@ -211,11 +205,8 @@ def test_render_refuses_launcher_mpi_on_a_backend_without_it(capsys, backend):
 def test_run_refuses_bad_values_in_one_line_before_any_step(
     capsys, monkeypatch, tmp_path, options, line
 ):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
-    got = refused(capsys, ["run", "--output", "runs", *options])
-    assert got.startswith("kubetrain run") and line in got, got
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "jobs").exists()
+    got = refused_run(capsys, monkeypatch, tmp_path, options)
+    assert line in got, got
 
 
 @pytest.mark.bad_input

@@ -19,7 +19,6 @@ from kubetrain.components.launch_trainjob.cli import request_from_args
 from kubetrain.components.launch_trainjob.component import launch_trainjob
 from kubetrain.components.launch_trainjob.launch import (
     LaunchRequest,
-    LaunchResult,
     TrainingOptions,
     render_launch,
 )
@@ -32,7 +31,13 @@ from kubetrain.jobspec import (
     resolve_nodes,
 )
 from kubetrain.pipelines.training_workflow import PARAMETERS
-from tests.support.faces import accepted, pipeline_parameters_of_run, refused
+from tests.support.faces import (
+    accepted,
+    component_requests,
+    pipeline_parameters_of_run,
+    refused,
+    refused_run,
+)
 
 ELASTIC = ["--nodes", "1:4", "--max-restarts", "3"]
 
@@ -49,18 +54,7 @@ def test_launch_and_render_turn_the_options_into_the_request():
 
 
 def test_the_kfp_component_turns_its_inputs_into_the_request(monkeypatch, tmp_path):
-    from kfp import dsl
-
-    requests: list[LaunchRequest] = []
-
-    def recorded(request: LaunchRequest, backend: str, options: object) -> LaunchResult:
-        requests.append(request)
-        return LaunchResult("demo", "/checkpoints")
-
-    monkeypatch.setattr(launch_module, "launch", recorded)
-    dataset = dsl.Dataset(name="dataset", uri=str(tmp_path), metadata={})
-    launch_trainjob.python_func(dataset=dataset, nodes="1:4", max_restarts=3)
-    launch_trainjob.python_func(dataset=dataset)
+    requests = component_requests(monkeypatch, tmp_path, {"nodes": "1:4", "max_restarts": 3}, {})
     assert [elastic(r) for r in requests] == [("1:4", 3), ("2", 0)]
 
 
@@ -186,11 +180,8 @@ def test_render_refuses_elastic_on_a_backend_without_it(capsys, backend):
 def test_run_refuses_bad_values_in_one_line_before_any_step(
     capsys, monkeypatch, tmp_path, options, line
 ):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("KUBETRAIN_LOCAL_ROOT", str(tmp_path / "jobs"))
-    got = refused(capsys, ["run", "--output", "runs", *options])
-    assert got.startswith("kubetrain run") and line in got, got
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "jobs").exists()
+    got = refused_run(capsys, monkeypatch, tmp_path, options)
+    assert line in got, got
 
 
 @pytest.mark.bad_input

@@ -627,8 +627,8 @@ BAD = {
     "nothing to collect": (
         nothing,
         ["checkpoint_dir: ", "holds no checkpoint (looked for our manifest/LATEST, "
-         "*.safetensors, *.pt/*.pth/*.bin, Lightning *.ckpt, a DCP .metadata, an HF index, in "
-         "any folder below); point "
+         "*.safetensors, *.pt/*.pth/*.bin, Lightning *.ckpt, a DCP .metadata, an HF index, a "
+         "Ray Train run's recorded checkpoint_*, in any folder below); point "
          "--checkpoint-dir at the folder your script saves into, or name the file with "
          "--checkpoint-file"],
     ),

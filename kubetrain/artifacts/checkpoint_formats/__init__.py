@@ -13,8 +13,9 @@ One reader per writer, each a module behind :class:`~.api.Reader` and listed in
   them (its ``*_model_states.pt``/``*_optim_states.pt`` are never taken as models one by one).
 
 Shared by all: the search (:mod:`.search`, depth first, newest first, never a file being
-written), the rule for the files read (:mod:`.files`), which part of nested state is the model
-(:mod:`.state_select`: optimizer state is never published; ambiguity is refused, never
+written; in a Ray Train run's folder only the checkpoints Ray's record names, in its order:
+:mod:`.ray_train`), the rule for the files read (:mod:`.files`), which part of nested state is
+the model (:mod:`.state_select`: optimizer state is never published; ambiguity is refused, never
 guessed), the published names (:mod:`.naming`: wrapper prefixes off, checked against a model
 factory when one is known) and the one bounded writer (:mod:`.writer`).
 

@@ -1,10 +1,11 @@
 """Finding the checkpoint to collect in a folder a script saved into: every candidate any
 reader recognises, depth first below the folder (FSDP2's ``checkpoints/<api>/<time>/``,
-Lightning's ``lightning_logs/version_N/checkpoints/``), the newest taken that is not being
-written."""
+Lightning's ``lightning_logs/version_N/checkpoints/``, a Ray Train run's recorded
+``checkpoint_<time>/``: :mod:`.ray_train`), the newest taken that is not being written."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -13,6 +14,11 @@ from pathlib import Path
 
 from kubetrain.artifacts.checkpoint_formats.api import Candidate, Reader, index_of_shard
 from kubetrain.artifacts.checkpoint_formats.files import join
+from kubetrain.artifacts.checkpoint_formats.ray_train import (
+    RAY_CHECKPOINT_PREFIX,
+    RAY_RECORD,
+    recorded_checkpoints,
+)
 from kubetrain.artifacts.manifest import shown
 from kubetrain.errors import IntegrityError
 from kubetrain.storage.settled import unsettled, writers_of
@@ -20,7 +26,7 @@ from kubetrain.storage.settled import unsettled, writers_of
 #: What a folder is searched for, in the line that says it holds none of it.
 LOOKED_FOR = (
     "our manifest/LATEST, *.safetensors, *.pt/*.pth/*.bin, Lightning *.ckpt, a DCP .metadata, "
-    "an HF index, in any folder below"
+    "an HF index, a Ray Train run's recorded checkpoint_*, in any folder below"
 )
 #: Most files and folders the search looks at: past that, the folder is not one a script saves
 #: into (a home folder, a dataset), and a model found so far may not be the newest.
@@ -103,13 +109,27 @@ def _candidates(
     whole = whole_folder(readers, root, folder, names)
     if whole:
         return whole
+    # A Ray Train run's folder: only the checkpoints its record names, ranked in its order.
+    recorded = recorded_checkpoints(root, folder) if RAY_RECORD in names else None
     found = []
     for entry in entries:
         relative = join(folder, entry.name)
         if still_written_name(entry.name):
             continue
         if entry.is_dir(follow_symlinks=False):
-            if not (OUR_CHECKPOINT.fullmatch(entry.name) or entry.name in _PASSED_OVER):
+            if recorded is not None and entry.name.startswith(RAY_CHECKPOINT_PREFIX):
+                if entry.name not in recorded:
+                    writing.append(
+                        f"{shown(relative)} (not in Ray's record {RAY_RECORD} of the run: a "
+                        "report that did not finish)"
+                    )
+                    continue
+                order = (recorded.index(entry.name),)
+                found += [
+                    dataclasses.replace(candidate, numbers=order)
+                    for candidate in _candidates(readers, root, relative, seen, writing)
+                ]
+            elif not (OUR_CHECKPOINT.fullmatch(entry.name) or entry.name in _PASSED_OVER):
                 found += _candidates(readers, root, relative, seen, writing)
         elif (index := index_of_shard(entry.name)) is not None:
             writing.append(

@@ -3,7 +3,9 @@ emulated Kubernetes cluster with Kubeflow Trainer's CRDs for the cluster backend
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -104,8 +106,27 @@ def trained_checkpoints(
     tmp_path_factory: pytest.TempPathFactory, digits_dir: Path
 ) -> dict[str, Path]:
     """Checkpoint folders of real trainer runs: ddp (world size 1, 2 epochs) and fsdp (torchrun,
-    2 processes, 2 epochs), shared by the collect and evaluate tests."""
-    root = tmp_path_factory.mktemp("trained")
+    2 processes, 2 epochs), shared by the collect and evaluate tests, which only read them (a
+    test that changes one copies it first). Trained once per test run: under pytest-xdist
+    the first worker to ask trains them in a folder every worker of the run shares (named by
+    the run's id, behind an ``flock``) and the others take them, instead of each training its
+    own (3 x ~25 s of a suite that must stay under 15 minutes)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:  # one process: its own folder
+        return _train_checkpoints(tmp_path_factory.mktemp("trained"), digits_dir)
+    shared = tmp_path_factory.getbasetemp().parent / f"trained-{run_id}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not shared.is_dir():
+            building = Path(f"{shared}.building")
+            shutil.rmtree(building, ignore_errors=True)
+            _train_checkpoints(building, digits_dir)
+            building.rename(shared)  # whole, or not there
+    return {"ddp": shared / "ddp", "fsdp": shared / "fsdp"}
+
+
+def _train_checkpoints(root: Path, digits_dir: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
     common = ["--data", str(digits_dir), "--epochs", "2"]
     ddp = _run_python(["-m", "kubetrain.train", *common, "--checkpoint-dir", str(root / "ddp")])
     assert ddp.returncode == 0, ddp.stderr

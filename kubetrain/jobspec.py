@@ -182,6 +182,20 @@ LAUNCHER_MODULES = (
 )
 
 
+#: (what, fix) of a program that starts ranks itself under a launcher that starts them too.
+_STARTER_REFUSALS = {
+    "mpi": lambda starter: (
+        f"runs {starter}, which starts ranks itself, and --launcher mpi runs mpirun",
+        "give one rank's program, e.g. python train.py",
+    ),
+    "ray": lambda starter: (
+        f"runs {starter}, which starts ranks itself, and under Ray, Ray Train starts the "
+        "workers (TorchTrainer's ScalingConfig)",
+        "give the Ray job's entrypoint, e.g. python train.py",
+    ),
+}
+
+
 def rank_starter(program: list[str]) -> str:
     """The launcher ``program`` runs, when it is one that starts ranks itself (directly, as a
     Python module, or behind ``env [VAR=value...]``); empty when it is one rank's program."""
@@ -260,6 +274,14 @@ def check_node_range(min_nodes: int, max_nodes: int, field_name: str = "nodes") 
     return min_nodes
 
 
+#: Launchers that start a fixed world, and why.
+_FIXED_WORLD_LAUNCHERS = {
+    "mpi": "mpirun starts a fixed world of ranks",
+    "ray": "kubetrain runs a Ray job on a fixed worker group (ScalingConfig num_workers = "
+    "nodes x procs per node)",
+}
+
+
 def check_elastic(
     nodes: int | str,
     launcher: str,
@@ -273,11 +295,12 @@ def check_elastic(
     if min_nodes is None:
         return
     given = f"{min_nodes}:{max_nodes}"
-    if launcher == "mpi":
+    if launcher in _FIXED_WORLD_LAUNCHERS:
         raise InvalidInput(
             option("nodes"),
-            f"{given} is elastic, and mpirun starts a fixed world of ranks",
-            f"use launcher torchrun for an elastic job, or a fixed {max_nodes} nodes with mpi",
+            f"{given} is elastic, and {_FIXED_WORLD_LAUNCHERS[launcher]}",
+            f"use launcher torchrun for an elastic job, or a fixed {max_nodes} nodes with "
+            f"{launcher}",
         )
     if strategy == "deepspeed":
         raise InvalidInput(
@@ -404,7 +427,9 @@ class TrainJobSpec:
     working_dir: str = ""
     #: ``torchrun``: ``command`` runs once per node with the PET_* env. ``mpi``: ``command`` is
     #: one rank's program, which mpirun starts ``procs_per_node`` times on every node from a
-    #: hostfile (Kubeflow Trainer's MPI policy; ``rules.LAUNCHERS``).
+    #: hostfile (Kubeflow Trainer's MPI policy; ``rules.LAUNCHERS``). ``ray``: ``command`` is
+    #: the Ray job's entrypoint (its driver), run once; its Ray Train workers run on
+    #: ``num_nodes`` Ray worker nodes with ``procs_per_node`` workers each.
     launcher: str = "torchrun"
 
     def validate(self) -> TrainJobSpec:
@@ -416,12 +441,8 @@ class TrainJobSpec:
         _refuse_nul(self.command, "command")
         _refuse_nul(self.args, "command")
         rules.one_of(self.launcher, "launcher", rules.LAUNCHERS, rules.LAUNCHER_FIX)
-        if self.launcher == "mpi" and (starter := rank_starter([*self.command, *self.args])):
-            raise InvalidInput(
-                "command",
-                f"runs {starter}, which starts ranks itself, and --launcher mpi runs mpirun",
-                "give one rank's program, e.g. python train.py",
-            )
+        if self.launcher != "torchrun" and (starter := rank_starter([*self.command, *self.args])):
+            raise InvalidInput("command", *_STARTER_REFUSALS[self.launcher](starter))
         rules.image_reference(self.image, "image")
         rules.whole_number(self.num_nodes, "nodes", 1)
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)

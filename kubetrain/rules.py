@@ -28,10 +28,12 @@ STRATEGY_FIX = "use ddp, fsdp or deepspeed"
 #: DeepSpeed's ZeRO stages (``zero_optimization.stage``) our trainer runs; 0 is plain DDP.
 ZERO_STAGES = (1, 2, 3)
 DEFAULT_ZERO_STAGE = 2
-#: What starts a job's processes on each node: torchrun (the PET_* env), or mpirun from a
-#: launcher, as Kubeflow Trainer's MPI policy (the ``deepspeed-distributed`` runtime) runs it.
-LAUNCHERS = ("torchrun", "mpi")
-LAUNCHER_FIX = "use torchrun (the default) or mpi"
+#: What starts a job's processes on each node: torchrun (the PET_* env), mpirun from a
+#: launcher, as Kubeflow Trainer's MPI policy (the ``deepspeed-distributed`` runtime) runs it,
+#: or Ray: the command is a Ray job's entrypoint, whose Ray Train workers run on the Ray
+#: cluster's worker nodes (a KubeRay RayJob, or the local backend's Ray on this machine).
+LAUNCHERS = ("torchrun", "mpi", "ray")
+LAUNCHER_FIX = "use torchrun (the default), mpi or ray"
 BUILTIN_MODELS = ("mlp", "cnn")
 MODEL_FIX = "use mlp, cnn or package.module:callable"
 

@@ -151,7 +151,7 @@ ZERO_FIX = "is unknown; use 1, 2 or 3"
         (["--strategy", "deepspeed", "--zero-stage", "0"], f"zero_stage: 0 {ZERO_FIX}"),
         (["--zero-stage", "two"], "--zero-stage: invalid int value: 'two'; give a whole number"),
         (["--launcher", "mpich", "--procs-per-node", "2"],
-         "launcher: 'mpich' is unknown; use torchrun (the default) or mpi"),
+         "launcher: 'mpich' is unknown; use torchrun (the default), mpi or ray"),
         (["--launcher", "mpi"], f"procs_per_node: {MPI_AUTO}"),
         (["--strategy", "zero"], "strategy: 'zero' is unknown; use ddp, fsdp or deepspeed"),
     ],

@@ -65,7 +65,12 @@ from kubetrain.rules import (
     ZERO_STAGES,
 )
 from kubetrain.train import deepspeed_config
-from kubetrain.train.options import MPI_TRAINER_COMMAND, TRAINER_COMMAND
+from kubetrain.train.options import (
+    MPI_TRAINER_COMMAND,
+    RAY_TRAINER_COMMAND,
+    TRAINER_COMMAND,
+    ray_worker_args,
+)
 
 RUN_NAME_LABEL = "kubetrain.io/run-name"
 #: Where every node finds the prepared dataset and where rank 0 should save (a user's program
@@ -261,9 +266,11 @@ def resolve_job_name(job_name: str = "", run_name: str = "") -> str:
 
 def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> LaunchPlan:
     """The job ``request`` describes on ``backend``: validated, nothing created."""
-    from kubetrain.render import refuse_elastic, refuse_mpi_launcher
+    from kubetrain.render import launcher_for, refuse_elastic, refuse_launcher
 
-    refuse_mpi_launcher(request, backend)  # before a cluster is read or a dataset staged
+    rules.one_of(request.launcher, "launcher", rules.LAUNCHERS, rules.LAUNCHER_FIX)
+    refuse_launcher(request, backend)  # before a cluster is read or a dataset staged
+    request = replace(request, launcher=launcher_for(request.launcher, backend))
     refuse_elastic(request.nodes, backend)
     min_nodes, max_nodes = resolve_nodes(request.nodes)
     strategy = request.training.strategy if request.runs_our_trainer else ""
@@ -313,7 +320,7 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
         checkpoint_dir = backend_impl.default_checkpoint_dir(name)
     checkpoint_dir = _location_for_nodes(checkpoint_dir, "checkpoint_dir", backend)
     if request.runs_our_trainer:
-        command = MPI_TRAINER_COMMAND if request.launcher == "mpi" else TRAINER_COMMAND
+        command = _TRAINER_COMMANDS[request.launcher]
         if training.strategy == "deepspeed":
             # where the checkpoints go unless given (storage_url) is known only now
             refuse_object_storage_for_deepspeed(checkpoint_dir, "checkpoint_dir")
@@ -323,6 +330,8 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
             )
             training = replace(training, deepspeed_config=ds_config)
         args = replace(training, data_dir=data_dir).trainer_args(checkpoint_dir)
+        if request.launcher == "ray":  # Ray Train's workers: every node's processes
+            args += ray_worker_args(max_nodes * procs_per_node, request.resources.gpu)
     # A user's program runs in its checkpoint folder, so one that saves into its working
     # directory saves where collect reads (an object-storage URL is no folder to run in).
     working_dir = ""
@@ -373,6 +382,14 @@ def plan_launch(request: LaunchRequest, backend: str, backend_impl: Backend) -> 
             f"{request.runtime} (a torch runtime); name another MPI runtime with --runtime"
         )
     return LaunchPlan(spec, checkpoint_dir, stage_from, stage_to, note)
+
+
+#: Our trainer as each launcher starts it.
+_TRAINER_COMMANDS = {
+    "torchrun": TRAINER_COMMAND,
+    "mpi": MPI_TRAINER_COMMAND,
+    "ray": RAY_TRAINER_COMMAND,
+}
 
 
 def _runtime_for(request: LaunchRequest) -> str:

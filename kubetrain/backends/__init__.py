@@ -1,7 +1,8 @@
 """Backends that run a TrainJobSpec: ``local`` (processes on this machine), ``trainer``
 (a Kubeflow Trainer TrainJob), ``pytorchjob`` (a Training Operator v1 PyTorchJob, for clusters
-still on Training Operator 1.8/1.9) and ``job`` (an Indexed Job + headless Service, for
-clusters without either)."""
+still on Training Operator 1.8/1.9), ``job`` (an Indexed Job + headless Service, for
+clusters without either) and ``rayjob`` (a KubeRay RayJob: the command is the Ray job's
+entrypoint, its Ray Train workers run on the RayCluster's worker pods)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def get_backend(name: str, options: BackendOptions | None = None) -> Backend:
         from kubetrain.backends.local.backend import LocalBackend
 
         return LocalBackend()
-    if name in ("trainer", "job", "pytorchjob"):
+    if name in ("trainer", "job", "pytorchjob", "rayjob"):
         from kubetrain.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(kind=name, options=options)

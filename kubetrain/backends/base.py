@@ -12,7 +12,7 @@ from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.progress import membership
 
-BACKENDS = ("local", "trainer", "job", "pytorchjob")
+BACKENDS = ("local", "trainer", "job", "pytorchjob", "rayjob")
 TRAINER_VERSIONS = ("auto", "2.1", "2.2", "2.3")
 CANCEL_ACTIONS = ("delete", "suspend")
 #: How long a node pod may stay Unschedulable by default (not for gang runtimes).

@@ -20,7 +20,7 @@ from kubetrain.jobspec import (
     resolve_nodes,
     resolve_procs_per_node,
 )
-from kubetrain.render import refuse_elastic, refuse_mpi_launcher
+from kubetrain.render import launcher_for, refuse_elastic, refuse_launcher
 from kubetrain.rules import LAUNCHERS, STRATEGIES, ZERO_STAGES
 
 T = TypeVar("T")
@@ -199,14 +199,15 @@ def check_value(name: str, value: object, field: str) -> None:
 
 
 def check_launcher(values: Mapping[str, object], option: Callable[[str], str]) -> None:
-    """Refuse ``launcher`` mpi where launch would, before a step runs: on a backend that cannot
-    run it (``render.refuse_mpi_launcher``), or with ``procs_per_node`` auto and no GPU
+    """Refuse ``launcher`` where launch would, before a step runs: on a backend that cannot
+    run it (``render.refuse_launcher``), or mpi with ``procs_per_node`` auto and no GPU
     (mpirun's hostfile needs the slots per node; ``launch.plan_launch``). ``values`` holds the
     run's parameters (text or numbers); ``option(name)`` is how the face names a parameter."""
-    if values.get("launcher") != "mpi":
-        return
     backend = str(values.get("backend", "trainer"))  # the launch step's default
-    refuse_mpi_launcher(SimpleNamespace(launcher="mpi"), backend, option("launcher"))
+    launcher = str(values.get("launcher", "torchrun"))
+    refuse_launcher(SimpleNamespace(launcher=launcher), backend, option("launcher"))
+    if launcher_for(launcher, backend) != "mpi":
+        return
     if str(values.get("procs_per_node", AUTO_PROCS)) == AUTO_PROCS and not int(
         str(values.get("gpu") or 0)
     ):

@@ -17,27 +17,49 @@ from kubetrain.errors import InvalidInput
 _HOMES = {
     "render_indexed_job": "kubetrain.render.indexed_job",
     "render_pytorchjob": "kubetrain.render.pytorchjob",
+    "render_rayjob": "kubetrain.render.rayjob",
     "render_script_configmap": "kubetrain.render.script",
     "render_trainjob": "kubetrain.render.trainjob",
 }
-__all__ = [*_HOMES, "render_job", "refuse_elastic", "refuse_mpi_launcher"]
+__all__ = [*_HOMES, "launcher_for", "render_job", "refuse_elastic", "refuse_launcher"]
 #: The backends whose objects are rendered (the local backend runs processes instead).
-RENDERED_BACKENDS = ("trainer", "job", "pytorchjob")
+RENDERED_BACKENDS = ("trainer", "job", "pytorchjob", "rayjob")
 #: The backends that run ``launcher`` mpi: Kubeflow Trainer's MPI policy (our
 #: ``kubetrain-deepspeed-mpi`` runtime) and mpirun on this machine. A PyTorchJob and an Indexed
 #: Job have no launcher, hostfile or ssh keys to run mpirun with.
 MPI_BACKENDS = ("trainer", "local")
+#: The backends that run ``launcher`` ray: a KubeRay RayJob, and Ray on this machine.
+RAY_BACKENDS = ("rayjob", "local")
+#: The launchers only some backends run, and those backends.
+_LAUNCHER_BACKENDS = {"mpi": MPI_BACKENDS, "ray": RAY_BACKENDS}
 
 
-def refuse_mpi_launcher(spec: Any, backend: str, field: str = "launcher") -> None:
+def launcher_for(launcher: str, backend: str) -> str:
+    """The launcher a job asking for ``launcher`` runs with on ``backend``: a RayJob's is
+    always Ray (every face's default, torchrun, means the backend's own there)."""
+    return "ray" if backend == "rayjob" and launcher == "torchrun" else launcher
+
+
+def refuse_launcher(spec: Any, backend: str, field: str = "launcher") -> None:
     """``spec`` (a TrainJobSpec, a launch request, a run's parameters: anything with a
-    ``launcher``) with ``launcher`` mpi on a backend that cannot run it, refused in one line
-    naming ``field`` as the face calls it."""
-    if spec.launcher == "mpi" and backend not in MPI_BACKENDS:
+    ``launcher``) with a launcher ``backend`` cannot run (mpi off the Trainer, ray off a
+    RayJob, anything but ray on a RayJob), refused in one line naming ``field`` as the face
+    calls it."""
+    launcher = launcher_for(spec.launcher, backend)
+    backends = _LAUNCHER_BACKENDS.get(launcher, ())
+    if backend == "rayjob" and launcher != "ray":
         raise InvalidInput(
             field,
-            f"mpi is not run by backend {rules.shown(backend)}",
-            f"use backend {' or '.join(MPI_BACKENDS)}, or launcher torchrun",
+            f"{rules.shown(launcher)} is not run by backend rayjob: a RayJob's workers are "
+            "started by Ray Train",
+            "leave the launcher out (rayjob runs ray), or use backend "
+            f"{' or '.join(_LAUNCHER_BACKENDS.get(launcher, ('trainer', 'local')))}",
+        )
+    if backends and backend not in backends:
+        raise InvalidInput(
+            field,
+            f"{launcher} is not run by backend {rules.shown(backend)}",
+            f"use backend {' or '.join(backends)}, or launcher torchrun",
         )
 
 
@@ -46,6 +68,8 @@ _NOT_ELASTIC = {
     "trainer": "Kubeflow Trainer v2.3 has no elastic training (its elasticPolicy was never "
     "implemented and was removed in v2.2, kubeflow/trainer#3235)",
     "job": "an Indexed Job starts a fixed number of pods, each with a fixed rank",
+    "rayjob": "kubetrain runs a RayJob on a fixed worker group (ScalingConfig num_workers = "
+    "nodes x procs per node)",
 }
 
 
@@ -74,16 +98,16 @@ def render_job(
     runtime_resources: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of ``spec``'s job on ``backend`` (trainer: a TrainJob; job: a headless
-    Service + Indexed Job; pytorchjob: a PyTorchJob), in creation order, the job's own object
-    last: a shipped script's ConfigMap first. The one list both `kubetrain render` prints and
-    the backend creates; ``runtime_resources``: the runtime's node container's, when known
-    (``render_trainjob``)."""
+    Service + Indexed Job; pytorchjob: a PyTorchJob; rayjob: a RayJob), in creation order,
+    the job's own object last: a shipped script's ConfigMap first. The one list both
+    `kubetrain render` prints and the backend creates; ``runtime_resources``: the runtime's
+    node container's, when known (``render_trainjob``)."""
     from kubetrain.render.indexed_job import render_indexed_job
     from kubetrain.render.pytorchjob import render_pytorchjob
     from kubetrain.render.script import render_script_configmap
     from kubetrain.render.trainjob import render_trainjob
 
-    refuse_mpi_launcher(spec, backend)
+    refuse_launcher(spec, backend)
     refuse_elastic(spec.nodes_text, backend)
     rendered = []
     if spec.script:
@@ -100,6 +124,10 @@ def render_job(
         )
     elif backend == "pytorchjob":
         rendered.append(render_pytorchjob(spec, namespace=namespace, owner=owner))
+    elif backend == "rayjob":
+        from kubetrain.render.rayjob import render_rayjob
+
+        rendered.append(render_rayjob(spec, namespace=namespace, owner=owner))
     else:
         rendered += render_indexed_job(spec, namespace=namespace, owner=owner)
     return rendered

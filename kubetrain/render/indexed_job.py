@@ -27,7 +27,7 @@ from typing import Any
 
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import TrainJobSpec
-from kubetrain.render import pod, refuse_mpi_launcher
+from kubetrain.render import pod, refuse_launcher
 from kubetrain.render.metadata import (
     JOB_NAME_LABEL,
     object_labels,
@@ -53,7 +53,7 @@ def render_indexed_job(
     script's ConfigMap comes from ``render_script_configmap`` and must exist first."""
     spec = spec.validate()
     validate_namespace(namespace)
-    refuse_mpi_launcher(spec, "job")
+    refuse_launcher(spec, "job")
     pod.refuse_initializers(spec, "the job backend")
     _check_hostname_length(spec)
     return [_service(spec, namespace, owner), _job(spec, namespace, owner)]

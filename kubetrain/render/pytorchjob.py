@@ -115,7 +115,7 @@ from kubeflow.training.models import (
 from kubetrain import rules
 from kubetrain.errors import InvalidInput
 from kubetrain.jobspec import ELASTIC_NODE_ENV, ELASTIC_RDZV_BACKEND, TrainJobSpec
-from kubetrain.render import pod, refuse_mpi_launcher
+from kubetrain.render import pod, refuse_launcher
 from kubetrain.render.metadata import (
     object_labels,
     object_metadata,
@@ -192,7 +192,7 @@ def check_pytorchjob_spec(spec: TrainJobSpec) -> None:
     """What a PyTorchJob cannot do for ``spec``, refused before anything is created: names the
     operator could not give its pods and Services, the Trainer's initializers, env the
     operator would silently override, and ``launcher`` mpi (a PyTorchJob has no launcher)."""
-    refuse_mpi_launcher(spec, "pytorchjob")
+    refuse_launcher(spec, "pytorchjob")
     rules.pytorchjob_replica_names(spec.name, spec.num_nodes, "name", workers_only=spec.elastic)
     pod.refuse_initializers(spec, "a PyTorchJob")
     for key in spec.env:

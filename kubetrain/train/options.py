@@ -20,6 +20,9 @@ TRAINER_COMMAND = ("torchrun", "-m", PROG)
 #: One rank of our trainer under ``--launcher mpi``: mpirun starts it once per slot and it
 #: reads its rank from OpenMPI's OMPI_COMM_WORLD_* env.
 MPI_TRAINER_COMMAND = ("python", "-m", PROG)
+#: Our trainer as a Ray job's entrypoint (``--launcher ray``, ``--backend rayjob``): the driver
+#: runs once and Ray Train's TorchTrainer starts ``--num-workers`` workers on the Ray cluster.
+RAY_TRAINER_COMMAND = ("python", "-m", f"{PROG}.ray")
 #: The event files' default folder under the checkpoint folder.
 TENSORBOARD_FOLDER = "tensorboard"
 
@@ -56,6 +59,12 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(terminal_text(f"{self.prog}: error: {message}; see --help"), file=sys.stderr)
         sys.exit(2)
+
+
+def ray_worker_args(num_workers: int, gpus_per_node: int) -> tuple[str, ...]:
+    """The options of ``RAY_TRAINER_COMMAND`` beyond ours: Ray Train's workers (``ScalingConfig
+    num_workers``), on GPUs when the nodes have them."""
+    return ("--num-workers", str(num_workers), *(("--use-gpu",) if gpus_per_node else ()))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -525,6 +526,15 @@ class TrainJobSpec:
                     "it would fail with DistStoreError (pytorch/pytorch#147064)",
                     f"drop {key}: kubetrain sets it to {value} on every node of an elastic job",
                 )
+
+    @property
+    def ray_entrypoint(self) -> str:
+        """The Ray job's entrypoint (``launcher`` ray): Ray runs it with a shell (ray 2.60
+        ``dashboard/modules/job/job_supervisor.py`` ``_exec_entrypoint``: ``Popen(entrypoint,
+        shell=True)``; a RayJob's ``entrypoint`` is a string too), so every word is quoted, and
+        a ``working_dir`` is entered first: the driver then runs where a user's program saves."""
+        program = shlex.join([*self.command, *self.args])
+        return f"cd {shlex.quote(self.working_dir)} && {program}" if self.working_dir else program
 
     def replicated_jobs(self) -> list[tuple[str, int, int]]:
         """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs

@@ -88,9 +88,9 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         script: str = "",
         state_key: str = "",
     ):
-        # `backend` trainer (a TrainJob), pytorchjob (a Training Operator v1 PyTorchJob) or job
-        # (an Indexed Job) runs on the cluster; local runs the job inside the launch pod, for
-        # `kubetrain run`, which passes it. `namespace` empty: the
+        # `backend` trainer (a TrainJob), pytorchjob (a Training Operator v1 PyTorchJob), job
+        # (an Indexed Job) or rayjob (a KubeRay RayJob) runs on the cluster; local runs the job
+        # inside the launch pod, for `kubetrain run`, which passes it. `namespace` empty: the
         # steps' own namespace (the run's), where the shared claim is.
         # `command` (a list) runs your program instead of our trainer, in its checkpoint folder with
         # KUBETRAIN_DATA_DIR/KUBETRAIN_CHECKPOINT_DIR set; `model` then names the factory
@@ -99,7 +99,8 @@ def _pipeline(storage_secret: str) -> Callable[..., Any]:
         # checkpoint of nested state (e.g. app.model) where several may be the model.
         # `strategy` deepspeed trains with ZeRO stage `zero_stage`, or with `deepspeed_config`
         # (its JSON text, or a path in the launch step's pod); `launcher` mpi starts the
-        # processes with mpirun (backends trainer and local), `command` then being one rank's.
+        # processes with mpirun (backends trainer and local), `command` then being one rank's;
+        # `launcher` ray (backend rayjob runs it always) runs `command` once as a Ray job.
         # With `storage` (e.g. s3://bucket/prefix) the dataset, checkpoints and model live under
         # storage/{datasets,checkpoints,models}/<run>; the KFP artifacts hold LOCATION pointers.
         # The exit task deletes a failed or stopped run's job and keeps a Complete one; the job

@@ -86,7 +86,7 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "backend": (
         "trainer",
         "trainer (Kubeflow Trainer TrainJob), pytorchjob (Training Operator v1 PyTorchJob), job "
-        "(Indexed Job) or local",
+        "(Indexed Job), rayjob (KubeRay RayJob) or local",
     ),
     "nodes": (
         "2",
@@ -104,8 +104,9 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     ),
     "launcher": (
         "torchrun",
-        "what starts the processes: torchrun on every node, or mpi (mpirun from a launcher, "
-        "as Kubeflow Trainer's MPI runtime; backends trainer and local)",
+        "what starts the processes: torchrun on every node, mpi (mpirun from a launcher, "
+        "as Kubeflow Trainer's MPI runtime; backends trainer and local) or ray (the command "
+        "as a Ray job on a Ray cluster; backends rayjob and local)",
     ),
     "strategy": ("ddp", "ddp, fsdp or deepspeed"),
     "zero_stage": (str(DEFAULT_ZERO_STAGE), "strategy deepspeed: the ZeRO stage, 1, 2 or 3"),

@@ -11,8 +11,9 @@ if TYPE_CHECKING:  # not imported for `kubetrain --help`
 
 BACKEND_HELP = (
     "where the job runs: local (processes on this machine, default), trainer (a Kubeflow "
-    "Trainer TrainJob), pytorchjob (a Training Operator v1 PyTorchJob) or job (Indexed Job + "
-    "headless Service, no Trainer needed)"
+    "Trainer TrainJob), pytorchjob (a Training Operator v1 PyTorchJob), job (Indexed Job + "
+    "headless Service, no Trainer needed) or rayjob (a KubeRay RayJob: the command is a Ray "
+    "job's entrypoint)"
 )
 
 

@@ -59,12 +59,15 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument(
         "--launcher",
         default="torchrun",
-        metavar="torchrun|mpi",
-        help="what starts the processes: torchrun on every node (default), or mpi: mpirun, "
+        metavar="torchrun|mpi|ray",
+        help="what starts the processes: torchrun on every node (default); mpi: mpirun, "
         "from a launcher, starts --procs-per-node ranks of the program on every node from a "
         "hostfile, as Kubeflow Trainer's MPI runtime does (backends trainer and local; the "
-        "default --runtime becomes kubetrain-deepspeed-mpi); a command is then one rank's "
-        "program, e.g. `-- python train.py`",
+        "default --runtime becomes kubetrain-deepspeed-mpi), a command is then one rank's "
+        "program, e.g. `-- python train.py`; ray: a Ray cluster of a head and --nodes worker "
+        "nodes runs the command once as a Ray job (your Ray Train script; ours: "
+        "--nodes x --procs-per-node TorchTrainer workers), as a KubeRay RayJob does (backend "
+        "rayjob, which always runs ray, and local)",
     )
     job.add_argument(
         "--image",
@@ -267,7 +270,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "`kubetrain launch --nodes 2 --procs-per-node 2 -- torchrun train.py`; locally with "
             "your PATH first, so `torchrun` is your activated venv's. With --launcher mpi, "
             "mpirun starts the command once per process instead, e.g. "
-            "`kubetrain launch --launcher mpi --procs-per-node 2 -- python train.py`."
+            "`kubetrain launch --launcher mpi --procs-per-node 2 -- python train.py`. With "
+            "--launcher ray (or --backend rayjob) the command is a Ray job's entrypoint, run "
+            "once on the Ray cluster's head, e.g. "
+            "`kubetrain launch --launcher ray --nodes 2 -- python ray_train.py`."
         ),
     )
     add_backend_arguments(parser, creates=True)

@@ -92,8 +92,11 @@ def launch_trainjob(
     ``strategy`` ``deepspeed`` trains with ZeRO stage ``zero_stage`` (1, 2 or 3), or with
     ``deepspeed_config``: a DeepSpeed JSON config as text, or a path this step can read,
     whose settings win over ours. ``launcher`` ``mpi`` starts the processes with mpirun from
-    a launcher (Kubeflow Trainer's MPI policy; backends trainer and local), ``command`` then
-    being one rank's program; ``torchrun`` (the default) runs on every node.
+    a launcher (Kubeflow Trainer's MPI policy; backends trainer and local); ``ray`` (and
+    backend ``rayjob``, which always runs it) runs ``command`` once as a Ray job's entrypoint
+    on a Ray cluster of a head and ``nodes`` worker nodes (a KubeRay RayJob, or Ray on this
+    machine for backend local). With launcher mpi, ``command`` is one rank's program; with
+    ``torchrun`` (the default) it runs on every node.
     """
     from collections import namedtuple
 

@@ -42,14 +42,15 @@ def launch_trainjob_template(
         input_parameter("checkpoint_dir", "where rank 0 writes checkpoints (on the claim)"),
         input_parameter("shared_pvc", "PersistentVolumeClaim the nodes mount at " + mount),
         input_parameter("backend", "trainer (TrainJob), pytorchjob (PyTorchJob), job (Indexed "
-                        "Job) or local", "trainer"),
+                        "Job), rayjob (KubeRay RayJob) or local", "trainer"),
         input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
         input_parameter("nodes", "training nodes (pods); MIN:MAX: an elastic job (backend "
                         "pytorchjob; needs max_restarts)", "2"),
         input_parameter("procs_per_node", "processes per node; auto = one per GPU with gpu, "
                         "else 1 (launcher mpi without gpu needs a number)", "auto"),
-        input_parameter("launcher", "what starts the processes: torchrun on every node, or "
-                        "mpi (mpirun from a launcher; backends trainer and local)", "torchrun"),
+        input_parameter("launcher", "what starts the processes: torchrun on every node, "
+                        "mpi (mpirun from a launcher; backends trainer and local) or ray (the "
+                        "command as a Ray job; backends rayjob and local)", "torchrun"),
         input_parameter("strategy", "ddp, fsdp or deepspeed", "ddp"),
         input_parameter("zero_stage", "strategy deepspeed: the ZeRO stage, 1, 2 or 3",
                         str(DEFAULT_ZERO_STAGE)),

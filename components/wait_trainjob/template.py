@@ -42,7 +42,7 @@ def wait_trainjob_template(name: str = "wait-trainjob", image: str = COMPONENT_I
         ],  # fmt: skip
         [
             input_parameter("job_name", "the job launch created"),
-            input_parameter("backend", "trainer, pytorchjob, job or local", "trainer"),
+            input_parameter("backend", "trainer, pytorchjob, job, rayjob or local", "trainer"),
             input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
             input_parameter("timeout_seconds", "fail after this many seconds; 0 = never", "0"),
             input_parameter("on_cancel", "delete or suspend the job when stopped", "delete"),
@@ -91,7 +91,7 @@ def delete_trainjob_template(
         ],  # fmt: skip
         [
             input_parameter("run_name", "the run_name launch was given"),
-            input_parameter("backend", "trainer, pytorchjob, job or local", "trainer"),
+            input_parameter("backend", "trainer, pytorchjob, job, rayjob or local", "trainer"),
             input_parameter("namespace", "namespace of the job", "{{workflow.namespace}}"),
         ],
         retry=api_retry(),

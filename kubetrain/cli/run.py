@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run prep → launch → wait → collect → evaluate → promote (when the model passes) "
             "with KFP's local runner; the training job runs as real processes, one torchrun per "
             "node, with the PET_* environment Kubeflow Trainer would inject, or with --backend "
-            "trainer|pytorchjob|job on your kubeconfig's cluster. Ends with a summary: test "
+            "trainer|pytorchjob|job|rayjob on your kubeconfig's cluster. Ends with a summary: test "
             "accuracy, time, and where the model, metrics and promoted model are."
         ),
     )
@@ -66,10 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--launcher",
         default="torchrun",
         choices=LAUNCHERS,
-        help="what starts the processes: torchrun on every node (default), or mpi: mpirun "
+        help="what starts the processes: torchrun on every node (default); mpi: mpirun "
         "starts --procs-per-node ranks on every node from a hostfile, as Kubeflow Trainer's "
-        "MPI runtime does (backends local and trainer; give --procs-per-node a number); your "
-        "program after -- is then one rank's, e.g. `-- python train.py`",
+        "MPI runtime does (backends local and trainer; give --procs-per-node a number), your "
+        "program after -- is then one rank's, e.g. `-- python train.py`; ray: a Ray head and "
+        "--nodes Ray worker nodes on this machine run the job as a KubeRay RayJob would (our "
+        "trainer as Ray Train's TorchTrainer, or your Ray script after --); --backend rayjob "
+        "runs ray on the cluster",
     )
     parser.add_argument(
         "--strategy",
@@ -148,7 +151,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=BACKENDS,
         help="where the training job runs while the steps run here: local (processes on this "
         "machine, default), or on the cluster of your kubeconfig as a TrainJob (trainer), a "
-        "PyTorchJob (pytorchjob) or an Indexed Job (job), which needs --storage its pods reach",
+        "PyTorchJob (pytorchjob), an Indexed Job (job) or a KubeRay RayJob (rayjob), which "
+        "needs --storage its pods reach",
     )
     parser.add_argument(
         "--namespace",

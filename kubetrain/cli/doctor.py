@@ -10,12 +10,14 @@ from kubetrain.jobspec import DEFAULT_RUNTIME
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "doctor",
-        help="check the cluster: API, Kubeflow Trainer (or Training Operator), runtime, RBAC",
+        help="check the cluster: API, Kubeflow Trainer (or Training Operator, or KubeRay), "
+        "runtime, RBAC",
         description=(
             "Check that the cluster in $KUBECONFIG (or the pod's) is ready for the steps: the API "
             "answers, the Kubeflow Trainer CRDs are installed (and which TrainJob form they take) "
             "and the runtime exists (with --backend pytorchjob: the Training Operator's "
-            "PyTorchJob CRD, its release and image), and RBAC grants every verb the steps use, "
+            "PyTorchJob CRD, its release and image; with --backend rayjob: KubeRay's RayJob "
+            "CRD and its operator's image), and RBAC grants every verb the steps use, "
             "to you "
             "(SelfSubjectAccessReview) or to --service-account (SubjectAccessReview). Prints "
             "what is missing and how to fix it; exits 1 if anything is."
@@ -40,9 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--backend",
         default="trainer",
-        choices=("trainer", "pytorchjob", "job"),
+        choices=("trainer", "pytorchjob", "rayjob", "job"),
         help="the backend the steps will use: trainer (default: checks Kubeflow Trainer and "
-        "the runtime), pytorchjob (checks Kubeflow Training Operator v1) or job (neither)",
+        "the runtime), pytorchjob (checks Kubeflow Training Operator v1), rayjob (checks "
+        "KubeRay's RayJob CRD, ray.io/v1) or job (none of them)",
     )
     parser.add_argument(
         "--runtime", default=DEFAULT_RUNTIME, help="runtime the TrainJobs will refer to"

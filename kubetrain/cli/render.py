@@ -1,4 +1,4 @@
-"""`kubetrain render trainjob|pytorchjob|runtimes|rbac`: print, as YAML, the objects
+"""`kubetrain render trainjob|pytorchjob|rayjob|runtimes|rbac`: print, as YAML, the objects
 `kubetrain launch` would create, or the manifests a cluster needs first (our
 ClusterTrainingRuntimes; the ServiceAccount and RBAC the steps run with), from the package's
 data: pipe them to `kubectl apply -f -`.
@@ -8,7 +8,8 @@ data: pipe them to `kubectl apply -f -`.
 defaults that make sense without a cluster: ``--backend trainer``, ``--trainer-version auto``
 renders the newest form (2.3; render never contacts a cluster) and ``--data`` points into the
 shared volume our runtimes mount. `render pytorchjob` is the same with ``--backend pytorchjob``
-(a Training Operator v1 PyTorchJob). Heavy imports happen in the handler so ``kubetrain --help``
+(a Training Operator v1 PyTorchJob), `render rayjob` with ``--backend rayjob`` (a KubeRay
+RayJob). Heavy imports happen in the handler so ``kubetrain --help``
 stays fast.
 """
 
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="kind",
         metavar="KIND",
         required=True,
-        help="what to render: trainjob, pytorchjob, runtimes, rbac",
+        help="what to render: trainjob, pytorchjob, rayjob, runtimes, rbac",
     )
     trainjob = kinds.add_parser(
         "trainjob",
@@ -128,6 +129,42 @@ def _register_pytorchjob(kinds: argparse._SubParsersAction) -> None:
         "/mnt/shared/checkpoints/<job name>",
     )
     pytorchjob.set_defaults(handler=run_pytorchjob)
+    _register_rayjob(kinds)
+
+
+def _register_rayjob(kinds: argparse._SubParsersAction) -> None:
+    rayjob = kinds.add_parser(
+        "rayjob",
+        help="a KubeRay RayJob (ray.io/v1): a Ray Train program on a RayCluster",
+        description=(
+            "Print the RayJob `kubetrain launch --backend rayjob` would submit to a cluster "
+            "running KubeRay 1.7, with the same options: the command is the Ray job's "
+            "entrypoint (its driver, run once on the head, by KubeRay's submitter Job), on a "
+            "RayCluster of a head (no training work) and one worker group of --nodes pods, "
+            "each offering --procs-per-node CPUs (and its GPUs) to Ray Train; valid against "
+            "KubeRay's v1.7.0 CRD. With --script, the script's ConfigMap comes first."
+        ),
+    )
+    add_backend_arguments(rayjob, creates=True)
+    add_job_arguments(rayjob)
+    add_training_arguments(rayjob)
+    add_command_argument(rayjob)
+    _set_default(rayjob, "backend", "rayjob", "rayjob (the only one here)")
+    _set_default(
+        rayjob,
+        "data",
+        DEFAULT_DATA_DIR,
+        f"dataset folder inside the pods; default {DEFAULT_DATA_DIR} (mount the shared volume "
+        "there with --volume)",
+    )
+    _set_default(
+        rayjob,
+        "checkpoint_dir",
+        "",
+        "where rank 0 writes checkpoints inside the pods; default "
+        "/mnt/shared/checkpoints/<job name>",
+    )
+    rayjob.set_defaults(handler=run_rayjob)
 
 
 def _register_manifests(kinds: argparse._SubParsersAction) -> None:
@@ -207,6 +244,18 @@ def run_pytorchjob(args: argparse.Namespace) -> int:
         raise InvalidInput(
             "--backend",
             f"{args.backend!r} is not a PyTorchJob",
+            f"drop --backend, or use `kubetrain render trainjob --backend {args.backend}`",
+        )
+    return _print_documents(render_documents(args))
+
+
+def run_rayjob(args: argparse.Namespace) -> int:
+    from kubetrain.errors import InvalidInput
+
+    if args.backend != "rayjob":
+        raise InvalidInput(
+            "--backend",
+            f"{args.backend!r} is not a RayJob",
             f"drop --backend, or use `kubetrain render trainjob --backend {args.backend}`",
         )
     return _print_documents(render_documents(args))

@@ -1,6 +1,8 @@
 """The cluster backends: a job as a Kubeflow Trainer ``TrainJob`` (``trainer``), as a Training
 Operator v1 ``PyTorchJob`` (``pytorchjob``, for clusters still on Training Operator 1.8/1.9),
-or, on clusters without either, as an Indexed Job + headless Service (``job``).
+as a KubeRay ``RayJob`` (``rayjob``: a Ray Train program on a RayCluster; its one node is the
+submitter, whose log is the driver's output), or, on clusters without any, as an Indexed Job +
+headless Service (``job``).
 
 From the steps' point of view they behave like the local backend: ``launch`` returns at once
 with the name, ``wait`` streams rank 0's log and ends Complete or Failed with the failing node's
@@ -51,8 +53,14 @@ from kubetrain.backends.kubernetes.client import (
     pod_namespace,
     resolve_namespace,
 )
-from kubetrain.backends.kubernetes.kinds import KINDS, JobKind, launcher_pod_selector
+from kubetrain.backends.kubernetes.kinds import (
+    KINDS,
+    JobKind,
+    driver_failure,
+    launcher_pod_selector,
+)
 from kubetrain.backends.kubernetes.launch import (
+    KubeRayNotInstalled,
     TrainerNotInstalled,
     TrainingOperatorNotInstalled,
     adopt_or_refuse,
@@ -62,6 +70,7 @@ from kubetrain.backends.kubernetes.launch import (
     node_resources,
     read_runtime,
     require_pytorchjob_api,
+    require_rayjob_api,
     trainer_version,
 )
 from kubetrain.backends.kubernetes.logs import check_node, split_lines
@@ -100,6 +109,8 @@ from kubetrain.render.pod import default_checkpoint_dir
 from kubetrain.render.script import script_configmap_name
 
 EVENTS_SHOWN = 5
+#: The backends whose job kind an operator serves (a missing API means it is not installed).
+OPERATOR_BACKENDS = ("trainer", "pytorchjob", "rayjob")
 
 
 def _stderr(text: str) -> None:
@@ -132,7 +143,9 @@ class KubernetesBackend:
     ) -> None:
         if kind not in KINDS:
             raise InvalidInput(
-                "backend", f"{kind!r} is not a cluster backend", "use trainer, job or pytorchjob"
+                "backend",
+                f"{kind!r} is not a cluster backend",
+                "use trainer, job, pytorchjob or rayjob",
             )
         self.kind: JobKind = KINDS[kind]
         self.options = (options or BackendOptions()).validate()
@@ -194,6 +207,12 @@ class KubernetesBackend:
             # Before any request: names the operator could not give, initializers, env.
             check_pytorchjob_spec(spec)
             require_pytorchjob_api(self.objects, namespace)
+        elif self.kind.backend == "rayjob":
+            from kubetrain.render.rayjob import check_rayjob_spec
+
+            # Before any request: a name KubeRay fails, env it overrides, the launcher.
+            check_rayjob_spec(spec)
+            require_rayjob_api(self.objects, namespace)
         elif spec.max_restarts:
             raise InvalidInput(
                 "max_restarts",
@@ -245,6 +264,8 @@ class KubernetesBackend:
             return TrainerNotInstalled()
         if missing.resource_missing and self.kind.backend == "pytorchjob":
             return TrainingOperatorNotInstalled()
+        if missing.resource_missing and self.kind.backend == "rayjob":
+            return KubeRayNotInstalled()
         return JobNotFound(
             f"no {self.kind.kind} named {name!r} in namespace {self.namespace}; check the name "
             f"and --namespace (`kubectl get {self.kind.plural} -n {self.namespace}`)"
@@ -269,7 +290,10 @@ class KubernetesBackend:
         self, name: str, job: dict[str, Any]
     ) -> tuple[list[kubernetes.client.V1Pod], int]:
         """The pods whose state and logs are the job's, and how many nodes they are: an MPI
-        TrainJob's launcher pod is its one node (its ``node`` pods run sshd; wait.py)."""
+        TrainJob's launcher pod is its one node (its ``node`` pods run sshd; wait.py), a
+        RayJob's submitter pod its one (the driver's output; ``kinds.RAYJOB``)."""
+        if self.kind.backend == "rayjob":
+            return self.list_pods(name), 1
         if self.kind.backend == "trainer":
             ref = (job.get("spec") or {}).get("runtimeRef") or {}
             try:
@@ -296,13 +320,19 @@ class KubernetesBackend:
         pods, _ = self._job_pods(name, job)
         state, reason, message = self._state(job, pods)
         failure = first_failure(pods) if state == FAILED else None
+        if state == FAILED and self.kind.backend == "rayjob":
+            failure = driver_failure(job) or failure
         elastic = self.kind.elastic_nodes(job)
+        nodes = node_statuses(pods)
+        for node in nodes:
+            if failure and node.rank == failure[0]:
+                node.exit_code = failure[1]
         return JobStatus(
             name=name,
             state=state,
             reason=reason,
             message=message,
-            nodes=node_statuses(pods),
+            nodes=nodes,
             failed_rank=failure[0] if failure else None,
             created_at=timestamp(job.get("metadata", {}).get("creationTimestamp")),
             node_range=node_range(*elastic) if elastic else "",
@@ -516,7 +546,7 @@ class KubernetesBackend:
                 label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
             )
         except NotFound as missing:
-            if missing.resource_missing and self.kind.backend in ("trainer", "pytorchjob"):
+            if missing.resource_missing and self.kind.backend in OPERATOR_BACKENDS:
                 raise self._no_such_job("", missing) from None
             raise
         now = time.time()
@@ -545,7 +575,7 @@ class KubernetesBackend:
             )
             deleted = True
         except NotFound as missing:
-            if missing.resource_missing and self.kind.backend in ("trainer", "pytorchjob"):
+            if missing.resource_missing and self.kind.backend in OPERATOR_BACKENDS:
                 raise self._no_such_job(name, missing) from None
         extras = [("v1", "ConfigMap", script_configmap_name(name))]
         if self.kind.backend == "job":
@@ -568,10 +598,14 @@ class KubernetesBackend:
 def _nodes_of(job: dict[str, Any]) -> int:
     """Nodes of a TrainJob (``spec.trainer.numNodes``), a PyTorchJob (its replicas, each 1
     when unset: kubeflow/training-operator v1.9.0 ``pkg/apis/kubeflow.org/v1/
-    pytorch_defaults.go``) or an Indexed Job (``completions``). ``numNodes`` is optional
+    pytorch_defaults.go``), a RayJob (its worker groups' replicas: the Ray worker nodes) or an
+    Indexed Job (``completions``). ``numNodes`` is optional
     (trainer v2.3.0 ``pkg/apis/trainer/v1alpha1/trainjob_types.go``; the runtime's then
     applies), but the TrainJobs we render always carry it."""
     spec = job.get("spec") or {}
+    worker_groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs")
+    if worker_groups:
+        return sum(int((group or {}).get("replicas") or 0) for group in worker_groups) or 1
     replica_specs = spec.get("pytorchReplicaSpecs")
     if replica_specs:
         return sum(int((r or {}).get("replicas", 1)) for r in replica_specs.values()) or 1

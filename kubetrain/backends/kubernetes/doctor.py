@@ -119,26 +119,85 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
     )
 
 
-def _operator_image(api_client) -> str:
-    """The image of the operator's Deployment, in any namespace; empty when it cannot be read
-    (no right to list Deployments cluster-wide, or installed otherwise)."""
+def _operator_image(api_client, *selectors: str) -> str:
+    """The image of the operator's Deployment (labelled by one of ``selectors``), in any
+    namespace; empty when it cannot be read (no right to list Deployments cluster-wide, or
+    installed otherwise)."""
     from kubernetes.client import AppsV1Api
     from kubernetes.client.rest import ApiException
 
     from kubetrain.backends.http_clients import ServerSilent
 
-    try:
-        listing = AppsV1Api(api_client).list_deployment_for_all_namespaces(
-            label_selector=OPERATOR_SELECTOR, _request_timeout=10
-        )
-    except (ApiException, OSError, ServerSilent):
-        return ""
-    images = [
-        container.image
-        for deployment in listing.items
-        for container in (deployment.spec.template.spec.containers or [])
-    ]
+    images: list[str] = []
+    for selector in selectors or (OPERATOR_SELECTOR,):
+        try:
+            listing = AppsV1Api(api_client).list_deployment_for_all_namespaces(
+                label_selector=selector, _request_timeout=10
+            )
+        except (ApiException, OSError, ServerSilent):
+            return ""
+        images += [
+            container.image
+            for deployment in listing.items
+            for container in (deployment.spec.template.spec.containers or [])
+            if container.image not in images
+        ]
     return ", ".join(images)
+
+
+#: The labels of KubeRay's operator Deployment as its Helm chart (ray-project/kuberay v1.7.0
+#: ``helm-chart/kuberay-operator/templates/_helpers.tpl`` ``kuberay-operator.labels``) and its
+#: kustomize manifests (``ray-operator/config/manager/manager.yaml``) install it.
+KUBERAY_SELECTORS = (
+    "app.kubernetes.io/name=kuberay-operator",
+    "app.kubernetes.io/component=kuberay-operator",
+)
+
+
+def check_kuberay(api_client, objects, namespace: str) -> Check:
+    """KubeRay's RayJob CRD serving ray.io/v1 (the API the rayjob backend renders), and its
+    operator's image when the Deployment can be read (best effort, as for the Training
+    Operator); without the right to read the CRD, that the API is served."""
+    from kubernetes.client import ApiextensionsV1Api
+
+    from kubetrain.backends.kubernetes.client import (
+        Action,
+        NotFound,
+        PermissionDenied,
+        answered_object,
+        api_server,
+    )
+    from kubetrain.backends.kubernetes.kinds import RAYJOB_CRD
+    from kubetrain.backends.kubernetes.launch import KubeRayNotInstalled, require_rayjob_api
+
+    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", RAYJOB_CRD)
+    api = ApiextensionsV1Api(api_client)
+    try:
+        response = objects.call(
+            action, api.read_custom_resource_definition, RAYJOB_CRD, _preload_content=False
+        )
+        crd = answered_object(
+            response.data, action, api_server(api.read_custom_resource_definition)
+        )
+    except NotFound:
+        return Check("kuberay", False, str(KubeRayNotInstalled()))
+    except PermissionDenied:
+        try:
+            require_rayjob_api(objects, namespace)
+        except KubetrainError as exc:
+            return Check("kuberay", False, str(exc))
+        return Check(
+            "kuberay",
+            True,
+            "KubeRay installed (RayJobs are served; its CRD cannot be read, so its version "
+            "is unknown)",
+        )
+    versions = [v for v in crd.get("spec", {}).get("versions") or [] if v.get("name") == "v1"]
+    if not versions or not versions[0].get("served", True):
+        return Check("kuberay", False, f"the {RAYJOB_CRD} CRD does not serve ray.io/v1")
+    image = _operator_image(api_client, *KUBERAY_SELECTORS)
+    found = f"; its operator Deployment runs {image}" if image else ""
+    return Check("kuberay", True, f"KubeRay installed: RayJob CRD serves ray.io/v1{found}")
 
 
 def check_runtime(objects, namespace: str, runtime: str, runtime_kind: str) -> Check:
@@ -211,7 +270,7 @@ def diagnose(
 ) -> bool:
     """Run the checks in order (later ones need the earlier), reporting each; True if all pass.
     ``backend`` says what must be installed: the Trainer and the runtime (trainer), the
-    Training Operator (pytorchjob), or nothing (job)."""
+    Training Operator (pytorchjob), KubeRay (rayjob), or nothing (job)."""
     from kubetrain.backends.kubernetes.client import RetryPolicy
     from kubetrain.backends.kubernetes.objects import KubeObjects
 
@@ -223,6 +282,9 @@ def diagnose(
     checks = [api]
     if backend == "pytorchjob":
         checks.append(check_training_operator(api_client, objects, namespace))
+        report(checks[-1])
+    elif backend == "rayjob":
+        checks.append(check_kuberay(api_client, objects, namespace))
         report(checks[-1])
     elif backend == "trainer":
         trainer, _version = check_trainer(objects, namespace)

@@ -1,5 +1,6 @@
 """Launching on a cluster: everything is checked before anything is created (the Trainer is
-installed and which version, the runtime exists; or the Training Operator serves PyTorchJobs),
+installed and which version, the runtime exists; or the Training Operator serves PyTorchJobs,
+or KubeRay RayJobs),
 then the objects are created in order; a job
 that a retried step already created is adopted when its spec is the same, and refused, with
 what differs, when it is not."""
@@ -24,6 +25,8 @@ from kubetrain.backends.kubernetes.client import (
 from kubetrain.backends.kubernetes.kinds import (
     PYTORCHJOB,
     PYTORCHJOB_CRD,
+    RAYJOB,
+    RAYJOB_CRD,
     TRAINER_API_VERSION,
     TRAINER_GROUP,
     TRAINJOB_CRD,
@@ -92,20 +95,50 @@ class TrainingOperatorNotInstalled(KubetrainError):
 def require_pytorchjob_api(objects: KubeObjects, namespace: str) -> None:
     """The PyTorchJob API must be served: one list of at most one PyTorchJob (a right the
     steps have; reading the CRD needs a ClusterRole)."""
-    action = Action("list", PYTORCHJOB.plural, PYTORCHJOB.group, namespace=namespace)
+    _require_api(objects, namespace, PYTORCHJOB, TrainingOperatorNotInstalled)
+
+
+#: Where KubeRay comes from, for the message saying it is missing (its v1.7.0 Helm chart, as
+#: the KubeRay docs install the operator).
+KUBERAY_INSTALL = (
+    "install the KubeRay operator 1.7 (`helm repo add kuberay https://ray-project.github.io/"
+    "kuberay-helm/ && helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0`) "
+    "or launch with --backend trainer, pytorchjob or job (and --launcher torchrun)"
+)
+
+
+class KubeRayNotInstalled(KubetrainError):
+    """The cluster does not serve KubeRay's RayJob API (ray.io/v1)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"KubeRay is not installed on this cluster: it has no {RAYJOB_CRD} CRD serving "
+            f"ray.io/v1; {KUBERAY_INSTALL}"
+        )
+
+
+def require_rayjob_api(objects: KubeObjects, namespace: str) -> None:
+    """The RayJob API (ray.io/v1) must be served: one list of at most one RayJob."""
+    _require_api(objects, namespace, RAYJOB, KubeRayNotInstalled)
+
+
+def _require_api(
+    objects: KubeObjects, namespace: str, kind: Any, missing_error: Callable[[], KubetrainError]
+) -> None:
+    action = Action("list", kind.plural, kind.group, namespace=namespace)
     try:
         objects.call(
             action,
             objects.custom.list_namespaced_custom_object,
-            PYTORCHJOB.group,
-            PYTORCHJOB.version,
+            kind.group,
+            kind.version,
             namespace,
-            PYTORCHJOB.plural,
+            kind.plural,
             limit=1,
         )
     except NotFound as missing:
         if missing.resource_missing:
-            raise TrainingOperatorNotInstalled() from None
+            raise missing_error() from None
         raise
 
 

@@ -1,6 +1,6 @@
-"""Create, read, patch and delete the objects a job is made of (TrainJob, PyTorchJob or Job,
-Service, ConfigMap) as plain dicts, whichever API serves them, each call retried and its errors
-translated (``client``)."""
+"""Create, read, patch and delete the objects a job is made of (TrainJob, PyTorchJob, RayJob
+or Job, Service, ConfigMap) as plain dicts, whichever API serves them, each call retried and
+its errors translated (``client``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ FIELD_VALIDATION = "Strict"
 CUSTOM_PLURALS = {
     "TrainJob": "trainjobs",
     "PyTorchJob": "pytorchjobs",
+    "RayJob": "rayjobs",
     "Job": "jobs",
     "Workflow": "workflows",
 }

@@ -20,6 +20,8 @@ from kubetrain.backends.kubernetes.kinds import (
     COMPLETION_INDEX,
     JOB_INDEX_LABEL,
     NODE_CONTAINERS,
+    ORIGINATED_FROM_CRD_LABEL,
+    RAYJOB_CRD_LABEL_VALUE,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     JobKind,
@@ -59,9 +61,13 @@ def node_index(pod: V1Pod) -> int | None:
     clusters older than 1.28, the annotation; None for pods of another replicated job index.
     A PyTorchJob's master is node 0 and worker i node i + 1, as the operator ranks them
     (kubeflow/training-operator v1.9.0 ``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv``);
-    in a job with Worker replicas only (an elastic one), worker i is node i."""
+    in a job with Worker replicas only (an elastic one), worker i is node i. A RayJob's
+    submitter pod is its one node, 0 (``kinds.RAYJOB``: it streams the driver's output).
+    """
     metadata = pod.metadata
     labels = metadata.labels or {}
+    if labels.get(ORIGINATED_FROM_CRD_LABEL) == RAYJOB_CRD_LABEL_VALUE:
+        return 0
     replica_type = labels.get(REPLICA_TYPE_LABEL)
     if replica_type is not None:
         try:

@@ -57,9 +57,11 @@ from kubetrain.backends.kubernetes.client import Action, ApiError
 from kubetrain.backends.kubernetes.kinds import (
     JOBSET_NAME_LABEL,
     LAUNCHER,
+    RAY_NODE_LABEL,
     REPLICA_TYPE_LABEL,
     REPLICATED_JOB_LABEL,
     JobKind,
+    driver_failure,
     launcher_pod_selector,
 )
 from kubetrain.backends.kubernetes.launch import (
@@ -94,6 +96,7 @@ from kubetrain.backends.mpirun_report import first_failure as first_mpirun_failu
 from kubetrain.backends.torchrun_report import first_failure as first_rank_failure
 from kubetrain.errors import KubetrainError
 from kubetrain.progress import membership, node_range
+from kubetrain.render.metadata import JOB_NAME_LABEL as OUR_JOB_NAME_LABEL
 
 #: How often the deciding thread wakes without news (grace periods, deadline, cancellation).
 TICK_SECONDS = 0.2
@@ -104,6 +107,9 @@ EARLY_FAILURE_DRAIN_SECONDS = 2.0
 #: A Job's backoffLimit when it sets none (kubernetes pkg/apis/batch/v1/defaults.go
 #: SetDefaults_Job), and the phases of the pods whose container restarts it counts.
 DEFAULT_BACKOFF_LIMIT = 6
+#: A RayJob's submitter Job's backoffLimit when ``submitterConfig`` sets none (ray-project/
+#: kuberay v1.7.0 ``rayjob_controller.go`` ``createNewK8sJob``).
+SUBMITTER_BACKOFF_LIMIT = 2
 JOB_COUNTED_PHASES = ("Running", "Pending")
 #: How long a job may have no pod at all before the wait looks for why: the Trainer reports a
 #: JobSet it cannot build (a name JobSet refuses, a missing PodGroup CRD, a quota) only as a
@@ -635,14 +641,17 @@ class WaitSession:
         return coming or self._jobset_restart(attempt)
 
     def _backoff_limit(self, pod: V1Pod) -> int:
-        """The backoffLimit of the Job the pod belongs to: a batch Job's own, or for a
-        TrainJob the runtime's replicated job the pod runs in."""
+        """The backoffLimit of the Job the pod belongs to: a batch Job's own, for a TrainJob
+        the runtime's replicated job the pod runs in, for a RayJob its submitter Job's."""
         if self.kind.backend == "trainer":
             name = (pod.metadata.labels or {}).get(REPLICATED_JOB_LABEL)
             job = next(
                 (j for j in runtime_replicated_job_specs(self._runtime()) if j[0] == name), None
             )
             limit = job[1].get("backoffLimit") if job else None
+        elif self.kind.backend == "rayjob":  # the submitter Job's (createNewK8sJob)
+            config = ((self.job or {}).get("spec") or {}).get("submitterConfig") or {}
+            limit = config.get("backoffLimit", SUBMITTER_BACKOFF_LIMIT)
         else:
             limit = ((self.job or {}).get("spec") or {}).get("backoffLimit")
         return DEFAULT_BACKOFF_LIMIT if limit is None else int(limit)
@@ -732,9 +741,15 @@ class WaitSession:
         return None
 
     def _has_other_pods(self) -> bool:
-        """Whether the TrainJob has pods the watch does not follow: its initializers'
-        (trainer v2.3.0 runtimes start the node job after them, JobSet ``dependsOn``)."""
-        if self.kind.backend != "trainer":
+        """Whether the job has pods the watch does not follow: a TrainJob's initializers'
+        (trainer v2.3.0 runtimes start the node job after them, JobSet ``dependsOn``), a
+        RayJob's RayCluster's (KubeRay makes the submitter only once the cluster is ready,
+        ``rayjob_controller.go`` Initializing; ours carry the job's label)."""
+        if self.kind.backend == "trainer":
+            selector = f"{JOBSET_NAME_LABEL}={self.name}"
+        elif self.kind.backend == "rayjob":
+            selector = f"{RAY_NODE_LABEL}=yes,{OUR_JOB_NAME_LABEL}={self.name}"
+        else:
             return False
         objects = self.context.objects
         try:
@@ -742,7 +757,7 @@ class WaitSession:
                 Action("list", "pods", namespace=self.namespace),
                 objects.core.list_namespaced_pod,
                 self.namespace,
-                label_selector=f"{JOBSET_NAME_LABEL}={self.name}",
+                label_selector=selector,
             )
         except ApiError:
             return False
@@ -811,6 +826,8 @@ class WaitSession:
         pods = list(self.pods.values())
         nodes = node_statuses(pods)
         failure = self.failure or first_failure(pods)
+        if state == FAILED and self.kind.backend == "rayjob":
+            failure = driver_failure(self.job or {}) or failure
         failed_rank = None
         if state == FAILED and failure is not None:
             failed_rank, code = failure

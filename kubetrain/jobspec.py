@@ -532,9 +532,13 @@ class TrainJobSpec:
         """The Ray job's entrypoint (``launcher`` ray): Ray runs it with a shell (ray 2.60
         ``dashboard/modules/job/job_supervisor.py`` ``_exec_entrypoint``: ``Popen(entrypoint,
         shell=True)``; a RayJob's ``entrypoint`` is a string too), so every word is quoted, and
-        a ``working_dir`` is entered first: the driver then runs where a user's program saves."""
+        a ``working_dir`` is made (as the kubelet makes a container's ``workingDir``) and entered
+        first: the driver then runs where a user's program saves."""
         program = shlex.join([*self.command, *self.args])
-        return f"cd {shlex.quote(self.working_dir)} && {program}" if self.working_dir else program
+        if not self.working_dir:
+            return program
+        folder = shlex.quote(self.working_dir)
+        return f"mkdir -p -- {folder} && cd -- {folder} && {program}"
 
     def replicated_jobs(self) -> list[tuple[str, int, int]]:
         """(name, replicas, completions) of the JobSet replicated jobs a Trainer runtime runs

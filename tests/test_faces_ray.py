@@ -82,7 +82,8 @@ def test_the_ray_entrypoint_is_quoted_word_by_word():
         launcher="ray",
     ).validate()
     assert spec.ray_entrypoint == (
-        "cd '/mnt/shared/run one' && python train.py --tag '$(rm -rf ~); `id` | x'"
+        "mkdir -p -- '/mnt/shared/run one' && cd -- '/mnt/shared/run one' && "
+        "python train.py --tag '$(rm -rf ~); `id` | x'"
     )
 
 

@@ -139,7 +139,8 @@ def test_a_shipped_script_is_mounted_and_the_entrypoint_runs_it_quoted(tmp_path)
     assert configmap["kind"] == "ConfigMap" and job["kind"] == "RayJob"
     assert schema_errors(job, crd_schema()) == []
     assert job["spec"]["entrypoint"] == (
-        "cd '/mnt/work dir' && python /workspace/train.py --tag 'a b;rm -rf /'"
+        "mkdir -p -- '/mnt/work dir' && cd -- '/mnt/work dir' && python /workspace/train.py "
+        "--tag 'a b;rm -rf /'"
     )
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["volumes"] == [{"name": "kubetrain-script", "configMap": {"name": "demo-script"}}]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.metadata
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +370,145 @@ def test_cancel_suspends_the_rayjob_and_delete_removes_it(ray_cluster):
 
 def test_the_backend_is_the_cluster_rayjob_kind():
     assert get_backend("rayjob").kind is RAYJOB
+
+
+# ---------------------------------------------------- the RayCluster's own pods (wait fails early)
+CLUSTER = "ray-pods-k8x2q"
+
+
+def cluster_pod(emulator, job: dict[str, Any], node_type: str, status: dict[str, Any],
+                cluster: str = CLUSTER) -> str:  # fmt: skip
+    """A RayCluster pod as KubeRay v1.7.0 makes it from the RayJob's head or worker template
+    (``common/pod.go`` ``labelPod``: the template's labels, ours among them, plus KubeRay's),
+    with ``status``."""
+    cluster_spec = job["spec"]["rayClusterSpec"]
+    group = cluster_spec["headGroupSpec"] if node_type == "head" else \
+        cluster_spec["workerGroupSpecs"][0]  # fmt: skip
+    template = copy.deepcopy(group["template"])
+    labels = {**template["metadata"]["labels"], "ray.io/is-ray-node": "yes",
+              "ray.io/cluster": cluster, "ray.io/node-type": node_type,
+              "ray.io/group": "headgroup" if node_type == "head" else "workers"}  # fmt: skip
+    name = f"{cluster}-{node_type}-{len(emulator.names('pods'))}"
+    emulator.create_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "spec": template["spec"],
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+        }
+    )
+    emulator.set_pod_status(name, status)
+    return name
+
+
+def initializing(emulator, name: str, job_status: str = "PENDING") -> None:
+    """The RayJob as KubeRay leaves it while its cluster is not Ready (``initRayJobStatusIfNeed``
+    names the cluster)."""
+    emulator.patch_status(RAYJOBS, name, {"jobDeploymentStatus": "Initializing",
+                          "jobStatus": job_status, "rayClusterName": CLUSTER})  # fmt: skip
+
+
+def ray_container(image: str, state: dict[str, Any], node_type: str = "head", **fields: Any):
+    return objects.container_status(image, state, name=f"ray-{node_type}", **fields)
+
+
+CRASHING = {"restart_count": 2, "last_state": objects.terminated(127)}
+CLUSTER_PROBLEMS = {
+    "head-image-pull": ("head", lambda image: objects.pod_status("Pending", [ray_container(
+        image, objects.waiting("ErrImagePull", f'pull access denied for {image}'))]),
+        "ErrImagePull", ["the Ray head pod", "cannot pull image", "--image", RAY_VERSION]),
+    "worker-unschedulable": ("worker", lambda image: objects.unschedulable(
+        "0/3 nodes are available: 3 Insufficient cpu."),
+        "Unschedulable", ["the Ray worker pod", "cannot be scheduled", "Insufficient cpu",
+                          "lower --cpu, --memory, --gpu or --nodes"]),
+    "head-crash-loop": ("head", lambda image: objects.pod_status("Running", [ray_container(
+        image, objects.waiting("CrashLoopBackOff", "back-off 20s"), **CRASHING)]),
+        "CrashLoopBackOff", ["the Ray head pod", "keeps crashing", "last exit code 127",
+                             "ray start", "kubectl logs --previous"]),
+    "worker-config-error": ("worker", lambda image: objects.pod_status("Pending", [ray_container(
+        image, objects.waiting("CreateContainerConfigError", 'secret "s3-creds" not found'),
+        "worker")]),
+        "CreateContainerConfigError", ["the Ray worker pod", "cannot be created",
+                                       'secret "s3-creds" not found', "create what the pod"]),
+    "worker-oom": ("worker", lambda image: objects.pod_status("Running", [ray_container(
+        image, objects.waiting("CrashLoopBackOff", "back-off 10s"), "worker", restart_count=1,
+        last_state=objects.terminated(137, "OOMKilled"))]),
+        "OOMKilled", ["the Ray worker pod", "ran out of memory", "--memory"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CLUSTER_PROBLEMS.values(), ids=CLUSTER_PROBLEMS.keys())
+def test_a_ray_node_that_cannot_start_fails_wait_early_naming_it(ray_cluster, case):
+    """KubeRay submits (makes the submitter, our node 0) only once the RayCluster is Ready, so
+    a head or worker that cannot start left wait with no pod of ours to diagnose: it ran to
+    its timeout with the RayJob Initializing."""
+    node_type, status_of, reason, expected = case
+    emulator = ray_cluster.emulator
+    backend = ray_cluster.backend("rayjob", image_pull_grace=0.3, unschedulable_grace=0.3)
+    backend.launch(spec("ray-pods", num_nodes=2, image="ghcr.io/example/ray:2.60.0"))
+    job = emulator.get(RAYJOBS, "ray-pods")
+    initializing(emulator, "ray-pods")
+    cluster_pod(
+        emulator,
+        job,
+        "head" if node_type == "worker" else "worker",
+        objects.pod_status("Running", [ray_container("img", objects.running())]),
+    )
+    image = "ghcr.io/example/ray:2.60.0"
+    crashed = reason in ("CrashLoopBackOff", "OOMKilled")
+    if crashed:  # its first run printed why it ended
+        started = objects.pod_status(
+            "Running", [ray_container(image, objects.running(), node_type)]
+        )
+        pod = cluster_pod(emulator, job, node_type, started)
+        emulator.append_log(pod, ["ray: command not found"], container=f"ray-{node_type}")
+        emulator.set_pod_status(pod, status_of(image))
+    else:
+        pod = cluster_pod(emulator, job, node_type, status_of(image))
+    status = backend.wait("ray-pods", 8, None)
+    assert (status.state, status.reason, status.failed_rank) == (FAILED, reason, None)
+    for text in [pod, *expected, "deleted RayJob ray-pods"]:
+        assert text in status.message
+    assert "\n" not in status.message
+    assert emulator.get(RAYJOBS, "ray-pods") is None, "released: its cluster holds nodes"
+    if crashed:  # the Ray container's log, not the submitter's
+        assert status.log_tail == ["ray: command not found"]
+
+
+def test_ray_node_problems_are_not_the_jobs_once_it_runs_or_of_an_earlier_cluster(ray_cluster):
+    """A worker crash-looping while the Ray job runs is Ray's to survive (the RayJob's status
+    ends it), and a pod of a retried job's earlier cluster is no problem of the current one."""
+    emulator = ray_cluster.emulator
+    backend = ray_cluster.backend("rayjob", image_pull_grace=0.1)
+    backend.launch(spec("ray-pods"))
+    job = emulator.get(RAYJOBS, "ray-pods")
+    initializing(emulator, "ray-pods", job_status="RUNNING")
+    cluster_pod(
+        emulator,
+        job,
+        "worker",
+        objects.pod_status(
+            "Running",
+            [
+                ray_container(
+                    "img", objects.waiting("CrashLoopBackOff", "back-off 10s"), "worker", **CRASHING
+                )
+            ],
+        ),
+    )
+    cluster_pod(emulator, job, "head", objects.pod_status("Pending", [ray_container(
+        "img", objects.waiting("ErrImagePull"))]), cluster="ray-pods-old01")  # fmt: skip
+    submitter = submitter_pod(emulator, job)
+    notes: list[str] = []
+    backend.warn = notes.append
+    status = {}
+    waiter = threading.Thread(target=lambda: status.update(s=backend.wait("ray-pods", 8, None)))
+    waiter.start()
+    time.sleep(1.0)  # longer than the image-pull grace: the old cluster's pod is not looked at
+    end_pod(emulator, submitter, "img")
+    emulator.patch_status(RAYJOBS, "ray-pods", {"jobDeploymentStatus": "Complete",
+                                                  "jobStatus": "SUCCEEDED"})  # fmt: skip
+    waiter.join(10)
+    assert status["s"].state == COMPLETE
+    (note,) = [n for n in notes if "Ray worker pod" in n]
+    assert "keeps crashing" in note and "the Ray job runs on" in note

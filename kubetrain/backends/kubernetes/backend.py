@@ -412,7 +412,11 @@ class KubernetesBackend:
         report it as Failed. The log tail is kept long enough to hold the failing rank's
         exception, which `wait` names, not just torchrun's report after it."""
         events = self.pod_events(problem.pod) if problem.pod else ""
-        tail = self.read_log(problem.pod, CAUSE_LOG_LINES) if problem.exit_code else []
+        tail = (
+            self.read_log(problem.pod, CAUSE_LOG_LINES, problem.container)
+            if problem.exit_code
+            else []
+        )
         outcome = self.release(name)
         message = problem.message
         if events:
@@ -442,8 +446,9 @@ class KubernetesBackend:
         return "; ".join(f"{e.reason}: {e.message}" for e in events[-EVENTS_SHOWN:])
 
     # -------------------------------------------------------------------------- logs
-    def read_log(self, pod: str, tail_lines: int | None = None) -> list[str]:
-        """A pod's node-container log, or its previous run's while it waits to restart."""
+    def read_log(self, pod: str, tail_lines: int | None = None, container: str = "") -> list[str]:
+        """A pod's node-container log (or ``container``'s: a RayCluster pod's Ray container),
+        or its previous run's while it waits to restart."""
         action = Action("get", "pods/log", name=pod, namespace=self.namespace)
         previous = False
         try:
@@ -463,7 +468,7 @@ class KubernetesBackend:
                 self.objects.core.read_namespaced_pod_log,
                 pod,
                 self.namespace,
-                container=self.kind.container,
+                container=container or self.kind.container,
                 previous=previous,
                 _preload_content=False,
                 **extra,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.backends.base import COMPLETE, CREATED, FAILED, RUNNING
+from kubetrain.render.rayjob import HEAD_CONTAINER, WORKER_CONTAINER
 
 TRAINER_GROUP = "trainer.kubeflow.org"
 TRAINER_API_VERSION = "v1alpha1"
@@ -62,12 +63,18 @@ RAYJOB_CRD = f"rayjobs.{KUBERAY_GROUP}"
 ORIGINATED_FROM_CR_NAME_LABEL = "ray.io/originated-from-cr-name"
 ORIGINATED_FROM_CRD_LABEL = "ray.io/originated-from-crd"
 RAYJOB_CRD_LABEL_VALUE = "RayJob"
-#: On every Ray head and worker pod KubeRay makes (``labelPod``).
+#: On every Ray head and worker pod KubeRay makes (``labelPod``), with the RayCluster's name
+#: (the RayJob's ``status.rayClusterName``) and the node's type, ``head`` or ``worker``
+#: (``RayNodeLabelKey``, ``RayClusterLabelKey``, ``RayNodeTypeLabelKey``); the pod template's
+#: own labels (ours among them) are kept.
 RAY_NODE_LABEL = "ray.io/is-ray-node"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 SUBMITTER = "ray-job-submitter"
 #: The containers that run a node, whichever backend made the pod (a RayJob's one "node" is
-#: its submitter, which streams the driver's output).
-NODE_CONTAINERS = (NODE, PYTORCH, SUBMITTER)
+#: its submitter, which streams the driver's output), and a RayCluster's Ray containers (the
+#: rendered RayJob's head and workers: what the wait reads of their pods).
+NODE_CONTAINERS = (NODE, PYTORCH, SUBMITTER, HEAD_CONTAINER, WORKER_CONTAINER)
 
 
 @dataclass(frozen=True)

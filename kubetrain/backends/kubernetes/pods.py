@@ -4,6 +4,7 @@ out-of-memory kill, a pod no node can take)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,12 +22,14 @@ from kubetrain.backends.kubernetes.kinds import (
     JOB_INDEX_LABEL,
     NODE_CONTAINERS,
     ORIGINATED_FROM_CRD_LABEL,
+    RAY_NODE_TYPE_LABEL,
     RAYJOB_CRD_LABEL_VALUE,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     JobKind,
 )
 from kubetrain.backends.kubernetes.objects import KubeObjects
+from kubetrain.render.rayjob import HEAD_RESOURCES, RAY_VERSION
 
 #: Waiting reasons of a container whose image cannot be pulled.
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "RegistryUnavailable")
@@ -249,10 +252,12 @@ class PodProblem:
     #: A failed run (an out-of-memory kill, a crash loop, a failed init container): a
     #: problem only when no restart can come (``restart_coming``).
     restartable: bool = False
+    #: The container whose log tells more (empty: the job's node container).
+    container: str = ""
 
 
 def _pull_problem(
-    waiting: V1ContainerStateWaiting | None, who: str, image: str, pod: str, index: int
+    waiting: V1ContainerStateWaiting | None, who: str, image: str, pod: str, index: int | None
 ) -> PodProblem | None:
     """``who`` (a node, or its init container) waits for an image it cannot pull: a bad
     name fails at once, a pull error gets the image-pull grace (a registry may come back)."""
@@ -268,7 +273,7 @@ def _pull_problem(
     )
 
 
-def _init_container_problem(pod: V1Pod, index: int) -> PodProblem | None:
+def _init_container_problem(pod: V1Pod, index: int | None, who: str) -> PodProblem | None:
     """An init container that holds the node back: one whose image cannot be pulled, or one
     that failed. The Training Operator gives PyTorchJob workers ``init-pytorch``, which looks
     up the master's Service 100 times, 2 s apart, then exits 1 (training-operator v1.9.0
@@ -280,8 +285,8 @@ def _init_container_problem(pod: V1Pod, index: int) -> PodProblem | None:
     for status in (pod.status.init_container_statuses if pod.status else None) or []:
         state = status.state
         waiting = state.waiting if state is not None else None
-        who = f"node {index}'s init container {status.name}"
-        if (problem := _pull_problem(waiting, who, status.image, name, index)) is not None:
+        init = f"{who}'s init container {status.name}"
+        if (problem := _pull_problem(waiting, init, status.image, name, index)) is not None:
             return problem
         ended = state.terminated if state is not None else None
         if ended is None and status.last_state is not None:
@@ -289,7 +294,7 @@ def _init_container_problem(pod: V1Pod, index: int) -> PodProblem | None:
         if ended is not None and ended.exit_code:
             return PodProblem(
                 "InitContainerFailed",
-                f"node {index}'s init container {status.name} exited with code "
+                f"{who}'s init container {status.name} exited with code "
                 f"{ended.exit_code} before the node started"
                 + (
                     " (it waits ~200 s for the master's Service)"
@@ -323,6 +328,78 @@ def diagnose(pod: V1Pod) -> PodProblem | None:
     index = node_index(pod)
     if index is None:
         return None
+    return _diagnose(pod, index, f"node {index}", f"node {index}'s pod {pod.metadata.name}")
+
+
+def ray_node_fix(reason: str, node_type: str) -> str:
+    """The fix said after a Ray ``node_type`` (head, worker) pod's problem of ``reason``; empty
+    when the problem's own words say it."""
+    if reason in PULL_REASONS + ("InvalidImageName",):
+        return (
+            f"every Ray node runs --image: give one this cluster can pull, holding Ray "
+            f"{RAY_VERSION}"
+        )
+    if reason == "Unschedulable" and node_type == "head":
+        head = HEAD_RESOURCES
+        return (
+            f"the head asks {head.cpu} CPU and {head.memory} (the driver runs there): make room "
+            "for it, or fix the node selector and tolerations"
+        )
+    if reason == "Unschedulable":
+        return (
+            "lower --cpu, --memory, --gpu or --nodes to what the cluster's nodes have, or fix "
+            "the node selector and tolerations"
+        )
+    if reason in CONFIG_REASONS:
+        return "create what the pod refers to (a Secret, a ConfigMap, a claim) or drop it"
+    if reason == "CrashLoopBackOff":
+        return (
+            "its `ray start` (KubeRay's, from rayStartParams) fails each time: read why with "
+            f"`kubectl logs --previous`; --image must hold Ray {RAY_VERSION}"
+        )
+    return ""
+
+
+def ray_memory_fix(node_type: str) -> str:
+    if node_type == "head":
+        return (
+            f"the head ({HEAD_RESOURCES.memory}) runs the driver: keep the driver's own work "
+            "light (the training runs on the workers)"
+        )
+    return "give the workers more with --memory or lower the batch size"
+
+
+def diagnose_ray_node(pod: V1Pod) -> PodProblem | None:
+    """The problem of a RayCluster's head or worker pod, named by its type (``ray.io/
+    node-type``: KubeRay v1.7.0 ``common/pod.go`` ``labelPod``), with its fix. KubeRay submits
+    the job, and so makes the submitter (our node 0), only once the RayCluster is Ready, every
+    pod of it running (``rayjob_controller.go`` Reconcile, Initializing), so a head or worker
+    that cannot start leaves the RayJob Initializing with no node pod of ours to diagnose.
+    ``node`` is None: the pod runs no node of ours."""
+    node_type = (pod.metadata.labels or {}).get(RAY_NODE_TYPE_LABEL)
+    node_type = "head" if node_type == "head" else "worker"
+    who = f"the Ray {node_type} pod {pod.metadata.name}"
+    problem = _diagnose(pod, None, who, who, ray_memory_fix(node_type))
+    if problem is None:
+        return None
+    fix = ray_node_fix(problem.reason, node_type)
+    status = node_container(pod)
+    return dataclasses.replace(
+        problem,
+        message=f"{problem.message}; {fix}" if fix else problem.message,
+        container=status.name if status is not None else "",
+    )
+
+
+def _diagnose(
+    pod: V1Pod,
+    index: int | None,
+    who: str,
+    whose_pod: str,
+    memory_fix: str = "give it more with --memory or lower the batch size",
+) -> PodProblem | None:
+    """``diagnose`` of a pod that ``who`` names in the messages (``whose_pod`` with its pod's
+    name), ``memory_fix`` said after an out-of-memory kill."""
     name = pod.metadata.name
     for condition in (pod.status.conditions if pod.status else None) or []:
         if (
@@ -332,24 +409,24 @@ def diagnose(pod: V1Pod) -> PodProblem | None:
         ):
             return PodProblem(
                 "Unschedulable",
-                f"node {index}'s pod {name} cannot be scheduled: {condition.message}",
+                f"{whose_pod} cannot be scheduled: {condition.message}",
                 name,
                 index,
                 grace="gang" if in_pod_group(pod) else "unschedulable",
             )
-    if (problem := _init_container_problem(pod, index)) is not None:
+    if (problem := _init_container_problem(pod, index, who)) is not None:
         return problem
     status = node_container(pod)
     if status is None or status.state is None:
         return None
     waiting = status.state.waiting
     image = container_image(pod) or status.image
-    if (problem := _pull_problem(waiting, f"node {index}", image, name, index)) is not None:
+    if (problem := _pull_problem(waiting, who, image, name, index)) is not None:
         return problem
     if waiting is not None and waiting.reason in CONFIG_REASONS:
         return PodProblem(
             waiting.reason,
-            f"node {index}'s container cannot be created ({waiting.reason}): {waiting.message}",
+            f"{who}'s container cannot be created ({waiting.reason}): {waiting.message}",
             name,
             index,
             grace="image_pull",
@@ -360,8 +437,7 @@ def diagnose(pod: V1Pod) -> PodProblem | None:
         if ended is not None and ended.reason == OOM:
             return PodProblem(
                 OOM,
-                f"node {index} ran out of memory (OOMKilled, exit code {ended.exit_code}); "
-                "give it more with --memory or lower the batch size",
+                f"{who} ran out of memory (OOMKilled, exit code {ended.exit_code}); {memory_fix}",
                 name,
                 index,
                 exit_code=ended.exit_code or 137,
@@ -371,8 +447,7 @@ def diagnose(pod: V1Pod) -> PodProblem | None:
         code = exit_code(pod)
         return PodProblem(
             "CrashLoopBackOff",
-            f"node {index} keeps crashing (restarted {status.restart_count} times, last exit "
-            f"code {code})",
+            f"{who} keeps crashing (restarted {status.restart_count} times, last exit code {code})",
             name,
             index,
             exit_code=code,

@@ -55,8 +55,10 @@ from kubetrain.backends.base import (
 from kubetrain.backends.cancel import Cancelled, CancelRequest
 from kubetrain.backends.kubernetes.client import Action, ApiError
 from kubetrain.backends.kubernetes.kinds import (
+    JOB_RUNNING,
     JOBSET_NAME_LABEL,
     LAUNCHER,
+    RAY_CLUSTER_LABEL,
     RAY_NODE_LABEL,
     REPLICA_TYPE_LABEL,
     REPLICATED_JOB_LABEL,
@@ -76,6 +78,7 @@ from kubetrain.backends.kubernetes.pods import (
     IN_PLACE,
     PodProblem,
     diagnose,
+    diagnose_ray_node,
     exit_code,
     failed_run,
     first_failure,
@@ -119,7 +122,7 @@ JOB_COUNTED_PHASES = ("Running", "Pending")
 NO_PODS_GRACE_SECONDS = 120.0
 #: How often the job's events are read again while it still has no pod.
 NO_PODS_RECHECK_SECONDS = 10.0
-JOB, PODS, LAUNCHER_PODS = "job", "pods", "launcher-pods"
+JOB, PODS, LAUNCHER_PODS, CLUSTER_PODS = "job", "pods", "launcher-pods", "cluster-pods"
 #: The replicated job that runs mpirun under an MPI runtime (trainer v2.3.0
 #: pkg/constants/constants.go ``Launcher``).
 #: Lines read from the end of a failed node's log to name the rank that failed first (the
@@ -214,10 +217,12 @@ class WaitSession:
         self.job_seen = False
         self.job_deleted = False
         #: The pods whose state is the job's (its node pods, or an MPI job's launcher), and,
-        #: as the watches last saw them, the node pods and the launcher pods.
+        #: as the watches last saw them, the node pods, the launcher pods and a RayJob's
+        #: RayCluster's head and worker pods (of every cluster a retry made).
         self.pods: dict[str, V1Pod] = {}
         self.node_pods: dict[str, V1Pod] = {}
         self.launcher_pods: dict[str, V1Pod] = {}
+        self.cluster_pods: dict[str, V1Pod] = {}
         #: Whether the job is an MPI TrainJob (followed through its launcher); None until its
         #: runtime is known.
         self.mpi: bool | None = None if context.kind.backend == "trainer" else False
@@ -240,6 +245,8 @@ class WaitSession:
         self._unschedulable_grace: float | None = None
         self._runtime_object: dict[str, Any] | None = None
         self.watchers = [self._job_watcher(), self._pod_watcher()]
+        if self.kind.backend == "rayjob":
+            self.watchers.append(self._pod_watcher(CLUSTER_PODS))
         self.followers: dict[int, LogFollower] = {}
         self.stall_timeout = stall_timeout
         #: Since when the running job has shown no progress (None while it is not running).
@@ -320,6 +327,8 @@ class WaitSession:
     def _pod_selector(self, source: str) -> str:
         if source == LAUNCHER_PODS:
             return launcher_pod_selector(self.name)
+        if source == CLUSTER_PODS:  # KubeRay's label and ours, on every head and worker pod
+            return f"{RAY_NODE_LABEL}=yes,{OUR_JOB_NAME_LABEL}={self.name}"
         return self.kind.pod_selector(self.name)
 
     # ------------------------------------------------------------------------ running
@@ -412,7 +421,9 @@ class WaitSession:
             self._follow_pods()
 
     def _apply_pods(self, message: Snapshot | Change) -> None:
-        pods = self.launcher_pods if message.source == LAUNCHER_PODS else self.node_pods
+        pods = {LAUNCHER_PODS: self.launcher_pods, CLUSTER_PODS: self.cluster_pods}.get(
+            message.source, self.node_pods
+        )
         if isinstance(message, Snapshot):
             pods.clear()
             pods.update({pod.metadata.uid or pod.metadata.name: pod for pod in message.items})
@@ -469,14 +480,16 @@ class WaitSession:
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         expired = None
-        watched = list(latest_by_node(self.pods.values()).values())
+        watched = [(pod, False) for pod in latest_by_node(self.pods.values()).values()]
         if self.mpi:  # a node pod that cannot start keeps the launcher from being made
-            watched += latest_by_node(self.node_pods.values()).values()
-        for pod in watched:
-            problem = diagnose(pod)
+            watched += [(pod, False) for pod in latest_by_node(self.node_pods.values()).values()]
+        watched += [(pod, True) for pod in self._ray_cluster_pods()]
+        for pod, ray_node in watched:
+            problem = diagnose_ray_node(pod) if ray_node else diagnose(pod)
             if problem is None:
                 continue
-            if problem.restartable and (coming := self._restart_coming(pod)) is not None:
+            restart = self._ray_node_restart if ray_node else self._restart_coming
+            if problem.restartable and (coming := restart(pod)) is not None:
                 self._say_restart(pod, problem, coming)
                 continue
             key = (problem.pod, problem.reason)
@@ -494,6 +507,40 @@ class WaitSession:
         for key in set(self.problem_since) - seen:
             del self.problem_since[key]
         return expired or self._no_pods_problem(now)
+
+    def _ray_cluster_pods(self) -> list[V1Pod]:
+        """The head and worker pods of the RayJob's current RayCluster (``status.
+        rayClusterName``, set as it starts Initializing and cleared for a retry: KubeRay v1.7.0
+        ``rayjob_controller.go`` ``initRayJobStatusIfNeed``; a retried job's old cluster is
+        being deleted)."""
+        cluster = ((self.job or {}).get("status") or {}).get("rayClusterName")
+        if not cluster:
+            return []
+        return [
+            pod
+            for pod in self.cluster_pods.values()
+            if (pod.metadata.labels or {}).get(RAY_CLUSTER_LABEL) == cluster
+        ]
+
+    def _ray_node_restart(self, pod: V1Pod) -> str | None:
+        """What comes of a Ray head's or worker's failed run (a crash loop, an out-of-memory
+        kill, a failed init container), or None when nothing good will. The kubelet restarts
+        it in place for ever (KubeRay v1.7.0 gives the pods no restartPolicy, so Always, but
+        with autoscaler v2, ``common/pod.go`` ``DefaultHeadPodTemplate``; and replaces none that
+        can restart, ``raycluster_controller.go`` ``shouldDeletePod``), while the RayJob stays
+        Initializing until its cluster is Ready, which a node failing the same way each time
+        (its image and ``ray start`` do not change) never is: no end but a deadline. Once the
+        Ray job runs, a lost node is Ray's to survive or not (Ray Train's FailureConfig), and
+        the RayJob's status says how the job ends; a node that runs again is back."""
+        job_status = ((self.job or {}).get("status") or {}).get("jobStatus")
+        if job_status == JOB_RUNNING:
+            return (
+                "the kubelet restarts it in place; the Ray job runs on, and its RayJob's status "
+                "says whether it survives the loss"
+            )
+        if running_node(pod):
+            return "the kubelet restarted it in place and it runs again"
+        return None
 
     def _grace_seconds(self, grace: str) -> float:
         """How long a pod problem with this ``PodProblem.grace`` may last (0: none; infinity:
@@ -710,7 +757,7 @@ class WaitSession:
         """Why the job has had no pod for ``no_pods_grace``: its latest Warning event (read
         every NO_PODS_RECHECK_SECONDS); without one, it is said once and the wait goes on."""
         _, reason, _ = self.kind.state(self.job or {})
-        if self.node_pods or self.launcher_pods or reason == "Suspended":
+        if self.node_pods or self.launcher_pods or self.cluster_pods or reason == "Suspended":
             self.no_pods_since = None
             return None
         if self.no_pods_since is None:
@@ -742,15 +789,11 @@ class WaitSession:
 
     def _has_other_pods(self) -> bool:
         """Whether the job has pods the watch does not follow: a TrainJob's initializers'
-        (trainer v2.3.0 runtimes start the node job after them, JobSet ``dependsOn``), a
-        RayJob's RayCluster's (KubeRay makes the submitter only once the cluster is ready,
-        ``rayjob_controller.go`` Initializing; ours carry the job's label)."""
-        if self.kind.backend == "trainer":
-            selector = f"{JOBSET_NAME_LABEL}={self.name}"
-        elif self.kind.backend == "rayjob":
-            selector = f"{RAY_NODE_LABEL}=yes,{OUR_JOB_NAME_LABEL}={self.name}"
-        else:
+        (trainer v2.3.0 runtimes start the node job after them, JobSet ``dependsOn``). A
+        RayJob's RayCluster's pods are watched (``cluster_pods``)."""
+        if self.kind.backend != "trainer":
             return False
+        selector = f"{JOBSET_NAME_LABEL}={self.name}"
         objects = self.context.objects
         try:
             listing = objects.call(

@@ -21,7 +21,8 @@ Extension points for scripting a cluster's behaviour:
 * schemas: a custom resource is pruned, defaulted and validated against its CRD (schema and
   CEL rules; ``crd_schema``) on create, replace and patch; ``install_trainer`` installs the
   real Trainer v2.3 CRDs from ../shared, ``install_training_operator`` the Training Operator
-  1.9 PyTorchJob CRD (vendored in ``crds``; ``FakeTrainingOperator`` installs it too);
+  1.9 PyTorchJob CRD (vendored in ``crds``; ``FakeTrainingOperator`` installs it too),
+  ``install_kuberay`` KubeRay v1.7.0's RayJob and RayCluster CRDs (``FakeKubeRay``'s);
 * clients: ``configuration``, ``api_client``, ``write_kubeconfig``;
 * anything else through kmock's DSL on ``emulator.api`` (``api[...] << payload``).
 """
@@ -63,6 +64,8 @@ RESOURCES = {
     ),
     "trainingruntimes": kmock.resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"),
     "pytorchjobs": kmock.resource("kubeflow.org", "v1", "pytorchjobs"),
+    "rayjobs": kmock.resource("ray.io", "v1", "rayjobs"),
+    "rayclusters": kmock.resource("ray.io", "v1", "rayclusters"),
     "workflows": kmock.resource("argoproj.io", "v1alpha1", "workflows"),
 }
 
@@ -318,6 +321,14 @@ class KubeEmulator:
         from tests.support.fake_training_operator import pytorchjob_crd
 
         self.install_crd(pytorchjob_crd())
+
+    def install_kuberay(self) -> None:
+        """KubeRay v1.7.0's RayJob and RayCluster CRDs (``crds/SOURCE.txt``; the fake operator
+        is ``fake_kuberay.FakeKubeRay``)."""
+        from tests.support.fake_kuberay import raycluster_crd, rayjob_crd
+
+        self.install_crd(rayjob_crd())
+        self.install_crd(raycluster_crd())
 
     # --------------------------------------------------------------------- faults
     def fail(

@@ -512,3 +512,17 @@ def test_ray_node_problems_are_not_the_jobs_once_it_runs_or_of_an_earlier_cluste
     assert status["s"].state == COMPLETE
     (note,) = [n for n in notes if "Ray worker pod" in n]
     assert "keeps crashing" in note and "the Ray job runs on" in note
+
+
+@pytest.mark.parametrize(
+    ("verb", "says"),
+    [
+        ("list", "--backend trainer|pytorchjob|job|rayjob"),
+        ("logs", "--backend rayjob: one node, the RayJob's submitter pod"),
+        ("delete", "a RayJob: KubeRay's RayCluster, its head and workers, and the submitter"),
+    ],
+)
+def test_the_job_verbs_help_names_the_rayjob_backend(capsys, verb, says):
+    with pytest.raises(SystemExit):
+        kubetrain_main([verb, "--help"])
+    assert says in " ".join(capsys.readouterr().out.split())

@@ -29,9 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "List jobs, running and finished, with their state, age and nodes: the local "
             "backend's (under $KUBETRAIN_LOCAL_ROOT, default ~/.kubetrain/local), or with "
-            "--backend trainer|pytorchjob|job kubetrain's TrainJobs / PyTorchJobs / Jobs in "
-            "--namespace. An elastic job's NODES are its range, e.g. 1..2, and while it runs "
-            "how many nodes train in it, e.g. 1 of 1..2."
+            "--backend trainer|pytorchjob|job|rayjob kubetrain's TrainJobs / PyTorchJobs / "
+            "Jobs / RayJobs in --namespace. An elastic job's NODES are its range, e.g. 1..2, "
+            "and while it runs how many nodes train in it, e.g. 1 of 1..2; a RayJob's are its "
+            "Ray worker nodes."
         ),
     )
     add_backend_arguments(listing)
@@ -46,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "lines, torchrun --tee's [defaultN]: lines) are left out unless --all-ranks; "
             "torchrun's failure report (ChildFailedError) is folded to one line. Rank 0's "
             "progress records are drawn as a live bar with --follow on a terminal. --raw "
-            "prints every line as written."
+            "prints every line as written. A Ray job's node 0 is its driver (--backend rayjob: "
+            "one node, the RayJob's submitter pod, whose log is the driver's output, where the "
+            "Ray Train workers' lines arrive too)."
         ),
     )
     logs.add_argument("name", help="job name")
@@ -79,7 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "delete",
         help="stop a job and remove it",
         description=(
-            "Stop every process (or pod) of a job and remove the job; nothing is left running."
+            "Stop every process (or pod) of a job and remove the job; nothing is left running "
+            "(a RayJob: KubeRay's RayCluster, its head and workers, and the submitter go with "
+            "it; a local Ray job: its head, workers and driver)."
         ),
     )
     delete.add_argument(

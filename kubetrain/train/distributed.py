@@ -2,8 +2,9 @@
 
 Under torchrun the topology comes from its environment (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR/PORT, which torchrun derives from PET_*); under mpirun from OpenMPI's
-(:func:`discover_mpi_topology`). Without either we start a one-process group on an in-memory
-store, so that one code path (collectives, DCP, FSDP, DeepSpeed) serves every world size.
+(:func:`discover_mpi_topology`); under Ray Train the group exists before our code runs.
+Without any of them we start a one-process group on an in-memory store, so that one code path
+(collectives, DCP, FSDP, DeepSpeed) serves every world size.
 """
 
 from __future__ import annotations
@@ -118,13 +119,22 @@ def discover_mpi_topology() -> bool:
     return True
 
 
-def init_runtime(device_option: str) -> Runtime:
-    """Join (or create) the process group: nccl on CUDA, gloo on CPU."""
+def init_runtime(device_option: str, gpu_index: int | None = None) -> Runtime:
+    """Join (or create) the process group: nccl on CUDA, gloo on CPU. A group the launcher
+    started already (Ray Train's TorchTrainer does, before our code runs) is taken as it is;
+    ``gpu_index`` is the GPU the launcher gave this process, when not its local rank."""
     discover_mpi_topology()
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
-    device = pick_device(device_option, local_rank)
+    device = pick_device(device_option, local_rank if gpu_index is None else gpu_index)
+    if dist.is_initialized():
+        return Runtime(
+            rank=dist.get_rank(),
+            local_rank=local_rank,
+            world_size=dist.get_world_size(),
+            device=device,
+        )
     backend = "nccl" if device.type == "cuda" else "gloo"
     device_id = device if device.type == "cuda" else None
     if "RANK" in os.environ and "MASTER_ADDR" in os.environ:

@@ -67,9 +67,9 @@ def ray_worker_args(num_workers: int, gpus_per_node: int) -> tuple[str, ...]:
     return ("--num-workers", str(num_workers), *(("--use-gpu",) if gpus_per_node else ()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = _OneLineParser(
-        prog=PROG,
+        prog=prog,
         description=(
             "Train a classifier with DDP, FSDP2 or DeepSpeed ZeRO. Run it under torchrun for "
             "several processes (topology from the PET_*/torchrun environment), as each rank of "
@@ -220,8 +220,10 @@ def _at_least(option: str, value: float, minimum: float, fix: str) -> None:
         raise InvalidInput(option, f"{value} is below {minimum}", fix)
 
 
-def validate(args: argparse.Namespace) -> TrainOptions:
-    """Turn parsed arguments into options, refusing values that would fail later or silently."""
+def validate(args: argparse.Namespace, world_size: int | None = None) -> TrainOptions:
+    """Turn parsed arguments into options, refusing values that would fail later or silently.
+    ``world_size``: the job's process count when the environment does not say it (a Ray
+    job's driver, which starts the workers itself)."""
     _at_least("--epochs", args.epochs, 1, "pass --epochs 1 or more")
     _at_least("--batch-size", args.batch_size, 1, "pass --batch-size 1 or more")
     _at_least("--grad-accum-steps", args.grad_accum_steps, 1, "pass --grad-accum-steps 1 or more")
@@ -250,7 +252,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
         raise InvalidInput(
             "--checkpoint-dir", f"{args.checkpoint_dir} is a file", "pass a folder path"
         )
-    ds_config = _deepspeed_config(args)
+    ds_config = _deepspeed_config(args, world_size)
     batch_size, grad_accum_steps = args.batch_size, args.grad_accum_steps
     if ds_config is not None:
         batch_size = ds_config[deepspeed_config.MICRO_BATCH]
@@ -277,7 +279,7 @@ def validate(args: argparse.Namespace) -> TrainOptions:
     )
 
 
-def _deepspeed_config(args: argparse.Namespace) -> dict[str, Any] | None:
+def _deepspeed_config(args: argparse.Namespace, world_size: int | None) -> dict[str, Any] | None:
     """The DeepSpeed config this job trains with (strategy deepspeed), its batch settings
     checked against the job's world size before any process group starts; the DeepSpeed
     options are refused with another strategy, which would ignore them."""
@@ -302,7 +304,7 @@ def _deepspeed_config(args: argparse.Namespace) -> dict[str, Any] | None:
         user,
         batch_size=args.batch_size,
         grad_accum_steps=args.grad_accum_steps,
-        world_size=deepspeed_config.world_size_from_env(),
+        world_size=deepspeed_config.world_size_from_env() if world_size is None else world_size,
         optimizer=args.optimizer,
         lr=args.lr,
         clip_grad_norm=args.clip_grad_norm,

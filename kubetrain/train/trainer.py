@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -246,7 +246,17 @@ class RunClock:
         }
 
 
-def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
+#: Called on every rank after each epoch with the epoch's record and the checkpoint that epoch
+#: wrote (None if it wrote none): how a launcher that keeps its own record hears of them.
+EpochHook = Callable[[dict[str, Any], str | None], None]
+
+
+def run(
+    options: TrainOptions,
+    runtime: Runtime,
+    reporter: Reporter,
+    after_epoch: EpochHook | None = None,
+) -> str | None:
     """Train to ``options.epochs``, as the only job writing ``options.checkpoint_dir``; return
     the last checkpoint written or resumed from. A collective that fails because another
     process of the job died is said so in one line, not as a bug of ours: in an elastic job
@@ -254,7 +264,7 @@ def run(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | No
     try:
         lock = _hold_checkpoint_dir(options.checkpoint_dir, runtime)
         try:
-            return _train(options, runtime, reporter)
+            return _train(options, runtime, reporter, after_epoch)
         finally:
             if lock is not None:
                 lock.release()
@@ -284,7 +294,9 @@ def _prepare(
     return model, optimizer, TorchUpdates(model, optimizer, options.clip_grad_norm)
 
 
-def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str | None:
+def _train(
+    options: TrainOptions, runtime: Runtime, reporter: Reporter, after_epoch: EpochHook | None
+) -> str | None:
     clock = RunClock(options.checkpoint_dir)
     data = load_data(options.dataset, options.data)
     model_info = {
@@ -356,6 +368,7 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
             if events is not None:
                 events.steps(steps)
                 events.epoch(record, split)
+            saved = None
             if epoch % options.checkpoint_every == 0 or epoch == options.epochs:
                 latest_before = latest_name(options.checkpoint_dir) if runtime.rank == 0 else None
                 last = str(
@@ -373,11 +386,14 @@ def _train(options: TrainOptions, runtime: Runtime, reporter: Reporter) -> str |
                         run=clock.record(),
                     )
                 )
+                saved = last
                 reporter.line(f"checkpoint saved: {last}")
                 if runtime.rank == 0:
                     prune_checkpoints(
                         options.checkpoint_dir, options.keep_checkpoints, latest_before
                     )
+            if after_epoch is not None:
+                after_epoch(record, saved)
     finally:
         if events is not None:
             events.close()

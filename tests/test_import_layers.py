@@ -241,6 +241,43 @@ def test_allowed_imports_pass() -> None:
     assert violations(sources) == []
 
 
+#: Optional extras imported only inside the functions that use them, never when a module loads:
+#: the light install, `--help` and a RayJob's entrypoint parsing its options run without them.
+LAZY_PACKAGES = ("ray",)
+
+
+def eager_imports(source: str) -> list[str]:
+    """The :data:`LAZY_PACKAGES` modules ``source`` imports outside any function (at the top
+    level, or in a class body or ``if``/``try`` block that runs on import)."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and not child.level and child.module:
+                found.append(child.module)
+            visit(child)
+
+    visit(ast.parse(source))
+    return [name for name in found if name.split(".")[0] in LAZY_PACKAGES]
+
+
+def test_ray_is_imported_only_where_it_runs() -> None:
+    eager = {
+        module: names
+        for module, source in package_sources().items()
+        if (names := eager_imports(source))
+    }
+    assert eager == {}
+    assert eager_imports("import ray\n") == ["ray"]
+    assert eager_imports("try:\n    from ray.train import report\nexcept ImportError:\n    pass\n")
+    assert eager_imports("def f():\n    import ray.train\n") == []
+    assert eager_imports("from kubetrain.train import ray\n") == []  # our module, not Ray
+
+
 def test_the_package_keeps_few_top_level_modules_and_ships_no_test_harness() -> None:
     """At most 12 modules at the top of kubetrain/ (the rest lives in subpackages by concern),
     every package folder is in the wheel, and no test support is."""

@@ -1,7 +1,8 @@
-"""A base install (``pip install kubetrain``, no ``train`` extra) compiles, renders and submits
-pipelines: the ``kubetrain`` CLI runs here with torch, numpy, scikit-learn, safetensors and
-matplotlib unimportable (a ``sitecustomize`` on PYTHONPATH installs an import finder that
-refuses them), and a command that needs them ends as one line naming the extra to install."""
+"""A base install (``pip install kubetrain``, no ``train`` nor ``ray`` extra) compiles, renders
+and submits pipelines: the ``kubetrain`` CLI runs here with torch, numpy, scikit-learn,
+safetensors, matplotlib and ray unimportable (a ``sitecustomize`` on PYTHONPATH installs an
+import finder that refuses them), and a command that needs them ends as one line naming the
+extra to install."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Top-level modules of the ``train`` extra (pyproject.toml), made unimportable.
 TRAIN_EXTRA_MODULES = ("torch", "numpy", "sklearn", "safetensors", "matplotlib")
+#: The ``ray`` extra's, made unimportable too: nothing Ray is imported by `--help`.
+RAY_EXTRA_MODULES = ("ray",)
+BLOCKED_MODULES = (*TRAIN_EXTRA_MODULES, *RAY_EXTRA_MODULES)
 #: In the message of the blocked imports: the block, not a missing package, refused them.
 MARKER = "blocked by tests/test_light_install.py"
 
@@ -33,11 +37,11 @@ import importlib.util
 import os
 import sys
 
-BLOCKED = frozenset({TRAIN_EXTRA_MODULES!r})
+BLOCKED = frozenset({BLOCKED_MODULES!r})
 
 
 class BlockTrainExtra:
-    """Refuse the train extra's packages the way a missing package is refused."""
+    """Refuse the train and ray extras' packages the way a missing package is refused."""
 
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in BLOCKED:
@@ -86,7 +90,7 @@ def kubetrain(
     )
 
 
-@pytest.mark.parametrize("module", [*TRAIN_EXTRA_MODULES, "torch.distributed", "sklearn.metrics"])
+@pytest.mark.parametrize("module", [*BLOCKED_MODULES, "torch.distributed", "sklearn.metrics"])
 def test_the_block_is_in_force(light_env, tmp_path, module):
     """Not vacuous: in that environment the packages really cannot be imported (by the block,
     while they are installed here), and the block leaves other imports alone."""
@@ -226,6 +230,22 @@ def test_the_trainer_says_which_extra(light_env, tmp_path):
     )
     assert result.returncode == 1
     assert re.fullmatch(rf"kubetrain.train: error: {MISSING_TRAIN}\n", result.stderr), result.stderr
+
+
+def test_the_ray_trainer_help_needs_neither_extra(light_env, tmp_path):
+    """`python -m kubetrain.train.ray --help` (what a RayJob's entrypoint runs) imports
+    neither torch nor Ray: both are imported where the job runs."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetrain.train.ray", "--help"],
+        capture_output=True,
+        text=True,
+        env=light_env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.startswith("usage: kubetrain.train.ray") and "--num-workers" in result.stdout
+    )
 
 
 def test_only_a_package_of_an_extra_is_named_as_missing():

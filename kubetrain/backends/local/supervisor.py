@@ -8,7 +8,8 @@ JobSet's failure policy does; it stops every node when it is itself terminated. 
 job's processes (``owned_processes``): a child subreaper, so what a node leaves behind, even
 without the job's identity in its environment, stays below it, and is stopped when the job
 ends, Complete included, as a pod's processes end with its container. An elastic job
-(``--nodes MIN:MAX``) is followed by ``elastic`` instead, as a PyTorchJob's elasticPolicy runs.
+(``--nodes MIN:MAX``) is followed by ``elastic`` instead, as a PyTorchJob's elasticPolicy runs,
+and a ``--launcher ray`` job by ``ray_engine``, as KubeRay runs a RayJob.
 Run as ``python -m kubetrain.backends.local.supervisor DIR``.
 """
 
@@ -31,7 +32,7 @@ from kubetrain.backends.local.processes import JOB_ID_ENV, stop_job_processes
 from kubetrain.backends.torchrun_report import TAIL_BYTES, describe_code, first_failure
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.names import JOB_NAME_ENV
-from kubetrain.train.options import MPI_TRAINER_COMMAND, TRAINER_COMMAND
+from kubetrain.train.options import MPI_TRAINER_COMMAND, RAY_TRAINER_COMMAND, TRAINER_COMMAND
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -54,14 +55,16 @@ def program_path() -> str:
 
 
 def with_our_interpreter(program: list[str]) -> list[str]:
-    """Our trainer (``TRAINER_COMMAND``) started by this interpreter's torchrun, by path, and
-    one rank of it under mpi (``MPI_TRAINER_COMMAND``) by this interpreter: the caller's PATH
+    """Our trainer (``TRAINER_COMMAND``) started by this interpreter's torchrun, by path, one
+    rank of it under mpi (``MPI_TRAINER_COMMAND``) and its Ray driver under ray
+    (``RAY_TRAINER_COMMAND``) by this interpreter: the caller's PATH
     may hold another torchrun or python (a venv without kubetrain) or none, and on a cluster
     the image's is kubetrain's. Any other program is left to PATH."""
     if tuple(program[: len(TRAINER_COMMAND)]) == TRAINER_COMMAND:
         return [sys.executable, "-m", "torch.distributed.run", *program[1:]]
-    if tuple(program[: len(MPI_TRAINER_COMMAND)]) == MPI_TRAINER_COMMAND:
-        return [sys.executable, *program[1:]]
+    for ours in (MPI_TRAINER_COMMAND, RAY_TRAINER_COMMAND):
+        if tuple(program[: len(ours)]) == ours:
+            return [sys.executable, *program[1:]]
     return program
 
 
@@ -155,6 +158,11 @@ def supervise(job_dir: Path) -> JobStatus:
         from kubetrain.backends.local.elastic import supervise_elastic
 
         return supervise_elastic(job_dir, spec, record["cwd"], status, stop_requested)
+    if spec.launcher == "ray":
+        # Imported here: it builds on this module's helpers (and imports Ray when it runs).
+        from kubetrain.backends.local.ray_engine import supervise_ray
+
+        return supervise_ray(job_dir, spec, record["cwd"], status, stop_requested)
 
     while True:
         attempt_starts = [log_size(node_log(job_dir, rank)) for rank in range(log_count(spec))]

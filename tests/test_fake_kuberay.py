@@ -476,6 +476,41 @@ def test_a_suspended_rayjob_makes_nothing_until_resumed_and_deletion_cleans_up(k
     assert kuberay_cluster.emulator.names("services") == set()
 
 
+def test_a_ray_container_that_exits_restarts_in_place_and_its_pod_is_remade_under_never(
+    kuberay_cluster,
+):
+    """A head whose ``ray start`` fails (an unknown flag): under the default restartPolicy
+    Always the kubelet restarts it in place (restartCount, lastState, the previous log); under
+    Never the pod fails and KubeRay deletes it and makes another (``shouldDeletePod``)."""
+    core = kubernetes.client.CoreV1Api(kuberay_cluster.api_client)
+    for name, policy in (("always", None), ("never", "Never")):
+        body = cluster_of(sample(), name)
+        del body["metadata"]["uid"], body["metadata"]["labels"]
+        head = body["spec"]["headGroupSpec"]
+        head["rayStartParams"] = {"no-such-flag": "1"}
+        body["spec"]["workerGroupSpecs"] = []
+        if policy:
+            head["template"]["spec"]["restartPolicy"] = policy
+        custom(kuberay_cluster).create_namespaced_custom_object(
+            GROUP, VERSION, "default", "rayclusters", body
+        )
+
+    def heads(cluster: str) -> list[Any]:
+        selector = f"ray.io/cluster={cluster},ray.io/node-type=head"
+        return core.list_namespaced_pod("default", label_selector=selector).items
+
+    restarted = wait_for(
+        lambda: [p for p in heads("always") if p.status.container_statuses[0].restart_count], 60
+    )
+    (status,) = restarted[0].status.container_statuses
+    assert status.last_state.terminated.exit_code == 2
+    previous = core.read_namespaced_pod_log(restarted[0].metadata.name, "default", previous=True)
+    assert "No such option '--no-such-flag'" in previous
+    first = wait_for(lambda: heads("never"), 10)[0].metadata.name
+    wait_for(lambda: [p for p in heads("never") if p.metadata.name != first], 60)
+    assert len(heads("always")) == 1
+
+
 # ------------------------------------------------------------------------------- end to end
 def test_a_rayjob_trains_a_torch_trainer_on_a_real_local_ray_cluster(kuberay_cluster, tmp_path):
     """K8sJobMode end to end: cluster ready, submitter Job, Ray job SUCCEEDED, Complete; Ray's
@@ -552,5 +587,7 @@ def test_a_rayjob_trains_a_torch_trainer_on_a_real_local_ray_cluster(kuberay_clu
         submitter.metadata.name
     ], 15)  # fmt: skip
     wait_for(lambda: not ray_processes(operator.temp_dirs), 30)
-    assert emulator.get("jobs", "tiny-train") is not None
+    job = emulator.get("jobs", "tiny-train")
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
+    assert job["status"]["succeeded"] == 1 and "tiny-train-head-svc" in emulator.names("services")
     assert "DRIVER-RESULT" in core.read_namespaced_pod_log(submitter.metadata.name, "default")

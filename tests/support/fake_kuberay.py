@@ -100,7 +100,9 @@ it with its RayCluster or Job) stops its container's whole process tree (every p
 a marker in its environment: raylet, GCS, dashboard, Ray workers, the driver), as does ``stop``;
 ``ray stop`` is never run (it stops every Ray process of the user on the machine).
 Not modelled: SidecarMode, HTTPMode and InteractiveMode, clusterSelector, deletionStrategy,
-autoscaling, token auth, GCS fault tolerance, container restarts, jobStatusCheckFailureStartTime.
+autoscaling, token auth, GCS fault tolerance, jobStatusCheckFailureStartTime, CrashLoopBackOff
+delays (a ray container that exits is restarted in place at once under restartPolicy Always, as
+the kubelet does; a pod that ends is deleted and made again, ``shouldDeletePod``).
 """
 
 from __future__ import annotations
@@ -819,6 +821,8 @@ def _pod_status(
     state: str,
     ready: bool,
     exit_code: int | None = None,
+    restarts: int = 0,
+    last_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if state == "running":
         container_state = objects.running()
@@ -826,7 +830,13 @@ def _pod_status(
         container_state = objects.terminated(exit_code or 0)
     else:  # a waiting reason
         container_state = objects.waiting(state)
-    status = objects.container_status(container["image"], container_state, name=container["name"])
+    status = objects.container_status(
+        container["image"],
+        container_state,
+        restart_count=restarts,
+        last_state=last_state,
+        name=container["name"],
+    )
     status["ready"] = ready
     flag = "True" if ready else "False"
     conditions = [
@@ -905,11 +915,17 @@ class PodProcess:
         argv: list[str],
         env: dict[str, str],
         temp_dir: str | None = None,
+        probed: bool = True,
     ) -> None:
         self.fake = fake
+        #: Whether a readiness probe decides when it is ready (else: once it runs).
+        self.probed = probed
         self.name = pod["metadata"]["name"]
         self.namespace = pod["metadata"]["namespace"]
         self.container = pod["spec"]["containers"][0]
+        self.restart_policy = pod["spec"].get("restartPolicy", "Always")
+        self.restarts = 0
+        self.last_state: dict[str, Any] | None = None
         self.argv = argv
         self.env = env
         self.temp_dir = temp_dir
@@ -935,7 +951,18 @@ class PodProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.set_status("Running", "running", ready=False)
+        self.ready = not self.probed
+        self.set_status("Running", "running", ready=self.ready)
+
+    def restart(self, code: int) -> None:
+        """The kubelet restarts the container in place (restartPolicy Always, or OnFailure after
+        a failure): what is left of the old run is killed with it (the container's cgroup), the
+        new run counts one more restart."""
+        stop_marked_processes(POD_MARKER, self.marker, STOP_GRACE_SECONDS)
+        self.restarts += 1
+        self.last_state = objects.terminated(code)
+        self.exit_code = None
+        self.start()
 
     def poll(self) -> int | None:
         if self.process is not None and self.exit_code is None:
@@ -952,7 +979,9 @@ class PodProcess:
     def set_status(self, phase: str, state: str, ready: bool, code: int | None = None) -> None:
         if self.deleted:
             return
-        status = _pod_status(phase, self.container, state, ready, code)
+        status = _pod_status(
+            phase, self.container, state, ready, code, self.restarts, self.last_state
+        )
         try:
             self.fake.emulator.set_pod_status(self.name, status, self.namespace)
         except Exception:  # deleted meanwhile: the DELETED event stops it
@@ -1145,11 +1174,17 @@ class _ClusterRun(threading.Thread):
                 continue
             process.copy_logs()
             code = process.poll()
-            if code is not None:  # restarts are not modelled: the pod shows how it ended
+            if code is not None:
                 process.copy_logs(final=True)
+                policy = process.restart_policy
+                if policy == "Always" or (policy == "OnFailure" and code):
+                    process.restart(code)
+                    continue
+                # The pod ends; shouldDeletePod (~1512): KubeRay deletes a Failed or Succeeded
+                # pod and makes a new one on its next reconcile.
                 phase = "Succeeded" if code == 0 else "Failed"
                 process.set_status(phase, "terminated", ready=False, code=code)
-                self.pods.pop(name)
+                self._delete_pod(name)
                 continue
             ready = self._probe(role, params)
             if ready != process.ready:
@@ -1328,7 +1363,7 @@ class _SubmitterRun:
         pod = self.fake.emulator.create_pod(body)
         env = {k: self.cluster.localize(v) for k, v in container_env(container, pod).items()}
         argv = [self.cluster.localize(part) for part in container["command"] + container["args"]]
-        self.process = PodProcess(self.fake, pod, argv, env)
+        self.process = PodProcess(self.fake, pod, argv, env, probed=False)
         self.fake.adopt(self.process)
         self.process.start()
         self.fake.replace_status(

@@ -198,6 +198,17 @@ class WorkerFailure(KubetrainError):
         return (WorkerFailure, (str(self), self.exit_code, self.rank, self.lost_peer))
 
 
+def worker_failure(exc: Exception, rank: int, checkpoint_dir: str) -> WorkerFailure:
+    """``exc`` of worker ``rank`` as its one line (``failure_line``) and exit code; whether it
+    failed because another worker died (a collective's lost peer, which the trainer reports
+    as raised from it)."""
+    from kubetrain.train.distributed import lost_peer
+
+    line, code = failure_line(exc, output=checkpoint_dir)
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return WorkerFailure(f"rank {rank}: {line}", code, rank, lost_peer(cause) is not None)
+
+
 def train_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: our trainer on the process group Ray Train started (it sets RANK,
     WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT too, ray/train/torch/config.py
@@ -228,10 +239,7 @@ def train_worker(config: dict[str, Any]) -> None:
             import traceback
 
             traceback.print_exception(exc)  # into this worker's log file
-        line, code = failure_line(exc, output=options.checkpoint_dir)
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        lost = distributed.lost_peer(cause) is not None
-        raise WorkerFailure(f"rank {rank}: {line}", code, rank, lost) from None
+        raise worker_failure(exc, rank, options.checkpoint_dir) from None
 
 
 # --- the driver -----------------------------------------------------------------------------

@@ -15,7 +15,10 @@ folder per checkpoint there, made of hard links to our epoch folder's files (our
 never rewritten in place, so the second name costs no disk; where links are impossible, and
 on object storage, it is a copy), and ``CheckpointConfig(num_to_keep)`` is our
 ``--keep-checkpoints``. Ray Train resumes its record from that folder; our trainer resumes
-from LATEST.
+from LATEST. Ray's record cannot name our epoch folders themselves: our retention deletes
+them, and Ray refuses to reload a record naming a folder that is gone
+(ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py
+``_assert_checkpoints_exist``).
 
 The driver's stdout is the job's log: rank 0's lines (epoch lines, progress records, the
 final lines) come through a Ray queue and are printed unprefixed, in the format of

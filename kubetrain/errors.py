@@ -115,6 +115,7 @@ EXTRA_MODULES = {
     "matplotlib": ("matplotlib", "train"),
     "torchvision": ("torchvision", "vision"),
     "s3fs": ("s3fs", "s3"),
+    "ray": ("ray", "ray"),
 }
 
 

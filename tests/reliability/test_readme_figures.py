@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.reliability_figures import COLLECTED_MARKS_ENV
+from tests.support.reliability_figures import COLLECTED_MARKS_ENV, whole_suite_marks
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_REFERENCE = re.compile(r"`((?:tests|components)/[\w/]+\.py)::(\w+)")
@@ -30,7 +30,10 @@ def reliability_section() -> str:
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """The node ids of the whole suite's tests of each mark, as `make test` collects them."""
+    """The node ids of the whole suite's tests of each mark, as `make test` collects them:
+    this session's own collection where it is the whole suite's, else `pytest --collect-only`."""
+    if (marks := whole_suite_marks()) is not None:
+        return marks
     target = tmp_path_factory.mktemp("marks") / "marks.json"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q"],

@@ -1435,12 +1435,6 @@ class _RayJobRun(threading.Thread):
                 self._stop_ray_job(status)
             finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
             self._patch_finalizers(finalizers)
-            if not finalizers:
-                # The API server drops the RayJob now and the garbage collector its dependents;
-                # the emulator's write_object drops it without collecting them (kube_api.py:
-                # `self._drop(key, new)` is not followed by `self._collect_dependents(...)`), so
-                # until it does, the collection is asked for here.
-                self.emulator.call(self.emulator.api._collect_dependents, self.uid)
             return False
         original = copy.deepcopy(status)
         invalid = rayjob_validation_error(rayjob)

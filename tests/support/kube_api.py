@@ -453,7 +453,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
         changed_spec = new.get("spec") != current.get("spec")
         meta["generation"] = generation + 1 if changed_spec else generation
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # the last finalizer gone: the object goes, and the garbage collector takes its
+            # dependents (a Background deletion's, the default)
             self._drop(key, new)
+            self._collect_dependents(meta.get("uid"))
             return copy.deepcopy(new)
         return self._store(key, new, "MODIFIED")
 

@@ -200,9 +200,10 @@ def test_four_pipeline_runs_at_once_share_nothing_by_accident(
     local_root: Path, tmp_path: Path, figures
 ) -> None:
     """Four `kubetrain run` on one machine, one output folder and one local job root: each
-    gets its own run folder, job, free port and model (the jobs kept, to be looked at)."""
+    gets its own run folder, job, free port and model (the jobs kept, to be looked at). One
+    node each: a one-node torchrun still serves its rendezvous on the job's port."""
     output = tmp_path / "runs"
-    command = [sys.executable, "-m", "kubetrain", "run", "--output", str(output)]
+    command = [sys.executable, "-m", "kubetrain", "run", "--output", str(output), "--nodes", "1"]
     runs = [
         subprocess.Popen(
             [*command, "--epochs", "1", "--threshold", "0.5", "--seed", str(seed), "--keep-job"],

@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.metadata
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -526,3 +529,36 @@ def test_the_job_verbs_help_names_the_rayjob_backend(capsys, verb, says):
     with pytest.raises(SystemExit):
         kubetrain_main([verb, "--help"])
     assert says in " ".join(capsys.readouterr().out.split())
+
+
+#: The tail of KubeRay v1.7.0's submitter line (``common/job.go`` ``BuildJobSubmitCommand``
+#: ~205: ``"--", entrypoint, ";"``, the words joined with spaces and run by ``/bin/bash -ce``,
+#: ``rayjob_controller.go`` ``configureSubmitterContainer``), with ``ray`` doing what Ray
+#: 2.60's ``ray job submit`` does with the words after ``--``: ``shlex.join`` them into the
+#: entrypoint its job supervisor runs with a shell (``dashboard/modules/job/cli.py`` submit).
+SUBMITTER_LINE = (
+    'ray() {{ while [ "$1" != "--" ]; do shift; done; shift; '
+    '{python} -c "import shlex, sys; print(shlex.join(sys.argv[1:]))" "$@"; }}\n'
+    "ray job submit --address http://head:8265 --no-wait --submission-id job-x -- {entrypoint} ;"
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="kubetrain/render/rayjob.py entrypoint() returns spec.ray_entrypoint, whose '&&' "
+    "(working folder) KubeRay's submitter bash runs itself: it must return "
+    "shlex.join(['sh', '-c', spec.ray_entrypoint]) when spec.working_dir is set",
+)
+def test_the_entrypoint_survives_kuberays_submitter_shell(tmp_path):
+    """The entrypoint passes two shells: the submitter's bash, where KubeRay pastes it, then
+    Ray's; the job's command must run whole, in its working folder."""
+    work = tmp_path / "work dir"
+    shown = "import os; print('ran in', os.getcwd())"
+    job = render_rayjob(spec(command=(sys.executable, "-c", shown), working_dir=str(work)))
+    line = SUBMITTER_LINE.format(python=shlex.quote(sys.executable),
+                                 entrypoint=job["spec"]["entrypoint"])  # fmt: skip
+    submitted = subprocess.run(["bash", "-ce", "--", line], capture_output=True, text=True,
+                               cwd=tmp_path, check=False)  # fmt: skip
+    ray_runs = submitted.stdout.strip()
+    ran = subprocess.run(["sh", "-c", ray_runs], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.stdout.strip() == f"ran in {work}", (ray_runs, submitted.stderr)

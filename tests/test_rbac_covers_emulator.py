@@ -28,10 +28,11 @@ from kmock import resource
 from kubetrain.cli import main as kubetrain_main
 from kubetrain.render.manifests import rbac_manifests
 from tests.support import KubeEmulator, objects
+from tests.support.fake_kuberay import FakeKubeRay
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.fake_training_operator import FakeTrainingOperator, defaulted, operator_pod
 from tests.support.kube_api import ClusterAPI
-from tests.test_rayjob import rayjob_crd, rayjob_submitter_pod
+from tests.test_rayjob import rayjob_submitter_pod
 
 NAMESPACE = "default"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "kubetrain", "namespace": NAMESPACE}
@@ -199,17 +200,22 @@ SHOW_SCRIPT = "import sys; print('node would run', sys.argv[1])"
 
 def the_full_flow(run: Run) -> None:
     """launch (with a shipped script) -> wait -> logs -> delete, the job run by the fake
-    Trainer, Job controller or Training Operator with real processes."""
+    Trainer, Job controller, Training Operator or KubeRay with real processes. A RayJob has one
+    node (its driver's log; a Ray cluster of one worker here) and its driver runs in its
+    checkpoint folder, made on this machine: one in the test's folder."""
     backend, job = run.backend, f"flow-{run.backend}"
     script = run.tmp / "train.py"
     script.write_text("print('shipped')\n")
-    fake = FakeTrainingOperator if backend == "pytorchjob" else FakeTrainer
-    with fake(run.emulator, run.tmp / "nodes") as trainer:
-        run.cli("launch", "--backend", backend, "--name", job, "--nodes", "2", "--script",
-                str(script), "--", "python", "-c", SHOW_SCRIPT, "train.py")  # fmt: skip
+    ray = backend == "rayjob"
+    nodes, followed = ("1", "0") if ray else ("2", "1")
+    where = ["--checkpoint-dir", str(run.tmp / "checkpoints")] if ray else []
+    fakes = {"pytorchjob": FakeTrainingOperator, "rayjob": FakeKubeRay}
+    with fakes.get(backend, FakeTrainer)(run.emulator, run.tmp / "nodes") as trainer:
+        run.cli("launch", "--backend", backend, "--name", job, "--nodes", nodes, *where,
+                "--script", str(script), "--", "python", "-c", SHOW_SCRIPT, "train.py")  # fmt: skip
         run.cli("wait", "--backend", backend, job)
         run.cli("logs", "--backend", backend, job)
-        run.cli("logs", "--backend", backend, "--node", "1", "--follow", job)
+        run.cli("logs", "--backend", backend, "--node", followed, "--follow", job)
         run.cli("delete", "--backend", backend, job)
     assert trainer.errors == []
     run.cli("delete", "--backend", backend, "--ignore-not-found", job)
@@ -312,7 +318,6 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
 TRAINER_ONLY = {"missing-runtimes", "namespaced-runtime", "from-a-kfp-step",
                 "from-an-argo-step"}  # fmt: skip
 CASES = [(b, s) for b in BACKENDS for s in SCENARIOS if b == "trainer" or s not in TRAINER_ONLY]
-CASES.remove(("rayjob", "full-flow"))  # until the fake KubeRay operator runs RayJobs
 #: Requests rbac.yaml does not grant (real gaps), as strict xfails: none now.
 GAPS: dict[tuple[str, str], str] = {}
 
@@ -348,7 +353,7 @@ def uses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
                 if backend == "pytorchjob":
                     emulator.install_training_operator()
                 if backend == "rayjob":
-                    emulator.install_crd(rayjob_crd())
+                    emulator.install_kuberay()
                 patch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp / "kubeconfig")))
                 del seen[:]
                 SCENARIOS[scenario](Run(emulator, backend, tmp))

@@ -104,6 +104,8 @@ def collect_checkpoint(
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is not None:
         return _collect_ours(checkpoint, output_dir, publishing)
+    if root is not None and (reported := foreign.rays_latest_of_ours(root)) is not None:
+        return _collect_ours(reported, output_dir, publishing)
     if root is not None and foreign.holds_our_layout(root):
         raise IntegrityError(
             f"checkpoint_dir {checkpoint_dir} holds no complete checkpoint (no LATEST pointer and "

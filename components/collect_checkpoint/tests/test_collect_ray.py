@@ -139,3 +139,31 @@ def test_without_a_record_the_names_rank_the_checkpoints_as_before(tmp_path, cap
     code, _, err = collect_cli(capsys, results, tmp_path / "model")
     assert code == 0, err
     assert_published(tmp_path / "model", shifted(2))
+
+
+def test_our_trainers_checkpoints_reported_to_ray_are_collected_by_their_manifest(
+    trained_checkpoints, tmp_path, capsys
+):
+    """`python -m kubetrain.train.ray` reports each epoch folder to Ray as
+    ``ray-train/checkpoint_epoch-N_<time>`` (a manifest inside): collect pointed at Ray's run
+    folder takes the one Ray's record names latest and verifies it by its manifest, as it does
+    under CHECKPOINT_DIR (before: a folder holding a manifest was passed over, nothing found)."""
+    import shutil
+
+    ours = trained_checkpoints["ddp"]
+    run = tmp_path / "ray-train"
+    names = {}
+    for epoch in (1, 2):
+        names[epoch] = f"checkpoint_epoch-{epoch:06d}_2026-11-28_10-0{epoch}-00.000000"
+        shutil.copytree(ours / f"epoch-{epoch:06d}", run / names[epoch])
+    (run / RAY_RECORD).write_text(json.dumps(ray_record([names[2], names[1]], names[1])))
+    code, out, err = collect_cli(capsys, run, tmp_path / "out")
+    assert code == 0, err
+    assert out.startswith(f"collected epoch 1 step 45 (ddp, world size 1) from {run / names[1]}")
+    # the same model as collecting epoch 1 from our own layout
+    code, _, err = collect_cli(
+        capsys, ours, tmp_path / "mine", "--checkpoint-file", "epoch-000001"
+    )
+    assert code == 0, err
+    mine = (tmp_path / "mine" / "model.safetensors").read_bytes()
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == mine

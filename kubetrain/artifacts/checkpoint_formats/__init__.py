@@ -47,6 +47,7 @@ from kubetrain.artifacts.checkpoint_formats.files import (
 from kubetrain.artifacts.checkpoint_formats.hf_sharded import HfSharded, is_index
 from kubetrain.artifacts.checkpoint_formats.lightning import Lightning
 from kubetrain.artifacts.checkpoint_formats.naming import published_names
+from kubetrain.artifacts.checkpoint_formats.ray_train import RAY_RECORD, recorded_checkpoints
 from kubetrain.artifacts.checkpoint_formats.safetensors_file import SafetensorsFile
 from kubetrain.artifacts.checkpoint_formats.search import (
     holds_our_layout,
@@ -65,8 +66,8 @@ from kubetrain.storage.integrity import sha256_file
 
 __all__ = [
     "READERS", "Candidate", "Converted", "convert", "holds_our_layout", "named_checkpoint",
-    "newest_checkpoints", "nothing_to_collect", "still_being_written", "UnreadableCheckpoint",
-    "zero_tag_folder",
+    "newest_checkpoints", "nothing_to_collect", "rays_latest_of_ours", "still_being_written",
+    "UnreadableCheckpoint", "zero_tag_folder",
 ]  # fmt: skip
 
 #: Every format collect reads besides kubetrain's own, in the order a file is offered to them.
@@ -81,6 +82,18 @@ _STEP_IN_NAME = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_=]?(\d+)", re.IGNOR
 def newest_checkpoints(root: Path, writing: list[str]) -> Iterator[Candidate]:
     """The checkpoints below ``root``, newest first, not being written (:mod:`.search`)."""
     return settled_candidates(READERS, root, writing)
+
+
+def rays_latest_of_ours(root: Path) -> Path | None:
+    """The checkpoint Ray's record in ``root`` names latest, when it is one of kubetrain's own
+    (``python -m kubetrain.train.ray`` reports its ``epoch-N`` folders to Ray as
+    ``checkpoint_epoch-N_<time>``: a manifest inside), so it is collected by its manifest as
+    under ``CHECKPOINT_DIR``; None for any other folder."""
+    if not (root / RAY_RECORD).is_file():
+        return None
+    recorded = recorded_checkpoints(root, "")
+    latest = root / recorded[-1] if recorded else None
+    return latest if latest is not None and (latest / "manifest.json").is_file() else None
 
 
 # --- a file the user names -------------------------------------------------------------------

@@ -161,9 +161,7 @@ def test_our_trainers_checkpoints_reported_to_ray_are_collected_by_their_manifes
     assert code == 0, err
     assert out.startswith(f"collected epoch 1 step 45 (ddp, world size 1) from {run / names[1]}")
     # the same model as collecting epoch 1 from our own layout
-    code, _, err = collect_cli(
-        capsys, ours, tmp_path / "mine", "--checkpoint-file", "epoch-000001"
-    )
+    code, _, err = collect_cli(capsys, ours, tmp_path / "mine", "--checkpoint-file", "epoch-000001")
     assert code == 0, err
     mine = (tmp_path / "mine" / "model.safetensors").read_bytes()
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == mine

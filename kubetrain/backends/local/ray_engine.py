@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -60,6 +61,8 @@ from kubetrain.backends.torchrun_report import describe_code
 from kubetrain.jobspec import TrainJobSpec
 from kubetrain.storage import atomic
 
+#: How a job ended: (state, reason, message).
+End = tuple[str, str, str]
 #: The fix when Ray is not installed (the ``kubetrain[ray]`` extra brings ``ray[default,train]``).
 MISSING_RAY_FIX = "pip install 'kubetrain[ray]'"
 HEAD_LOG = "ray-head.log"
@@ -78,6 +81,13 @@ SUCCEEDED, FAILED_JOB, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
 #: What Ray's message of a failed entrypoint says before the driver's last log lines
 #: (ray 2.60 ``dashboard/modules/job/job_supervisor.py``, ``JobSupervisor.run``).
 LOGS_IN_MESSAGE = ", last available logs"
+#: What of a failed ``ray start``'s log is read for its error.
+LOG_TAIL_BYTES = 16384
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+#: Ray's "Failed to start GCS." goes on with the GCS's error lines, not kept in one line.
+ERROR_FILES_NOTE = re.compile(r"\s+Last \d+ lines of error files:$")
+#: What Ray's output says of a port another process holds (the GCS's gRPC server's error).
+PORT_TAKEN = "Address already in use"
 #: How long the log follower may go on once Ray says the job ended (its last lines).
 FOLLOW_GRACE_SECONDS = 10.0
 #: The environment a Ray client reads its auth settings from (token auth, Ray 2.52+).
@@ -199,7 +209,7 @@ def entrypoint(spec: TrainJobSpec) -> str:
     return replace(spec, command=program[:1], args=program[1:]).ray_entrypoint
 
 
-def outcome(job_status: str, message: str) -> tuple[str, str, str]:
+def outcome(job_status: str, message: str) -> End:
     """(state, reason, message) of the job whose Ray job ended in ``job_status``. KubeRay makes
     a FAILED Ray job's RayJob Failed (reason AppFailed) and any other terminal one Complete
     (``rayjob_controller.go`` ~340-348); a STOPPED Ray job (`ray job stop`) did not finish its
@@ -215,13 +225,20 @@ def outcome(job_status: str, message: str) -> tuple[str, str, str]:
     return FAILED, "AppFailed", first or f"the Ray job ended {job_status}"
 
 
-def last_line(path: Path) -> str:
-    """The last non-empty line of a log (what a failed ``ray start`` said last)."""
+def start_error(log: Path) -> str:
+    """What a failed ``ray start`` said, in one line: its exception's line (its last line
+    otherwise), and that a port was taken when Ray's output says so (the GCS's own error names
+    the port: ``ray-head.log`` holds it)."""
     try:
-        lines = path.read_bytes()[-8192:].decode(errors="replace").splitlines()
+        text = log.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace")
     except OSError:
         return ""
-    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), "")
+    said = ERROR_FILES_NOTE.sub("", said or (lines[-1] if lines else ""))
+    if PORT_TAKEN in text:
+        said += f" (a port it was given is in use by another process; see {log.name})"
+    return said
 
 
 class Cluster:
@@ -285,7 +302,7 @@ class Cluster:
         code = self.head.poll() if self.head is not None else None
         if code is None:
             return ""
-        said = last_line(self.job_dir / HEAD_LOG)
+        said = start_error(self.job_dir / HEAD_LOG)
         return f"the Ray head {describe_code(code)}{': ' + said if said else ''}"
 
     def client(self):  # noqa: ANN201 - ray's type, imported lazily
@@ -309,7 +326,16 @@ class Cluster:
             return "", ""
         return str(info.status.value), info.message or ""
 
-    def remove_temp_dir(self) -> None:
+    def stop(self) -> None:
+        """Stop every process of the cluster and remove its temp folder. The ``ray start
+        --block`` monitors are killed first: on SIGTERM each drains its node for up to 30 s
+        (ray 2.60 ``_private/node.py`` ``Node._drain_node_before_shutdown``, ~666), its GCS
+        already going; what they started gets the job's stop, SIGTERM then SIGKILL
+        (``supervisor.stop_nodes``)."""
+        for monitor in (self.head, *self.workers):
+            if monitor is not None and monitor.poll() is None:
+                monitor.kill()
+        stop_nodes(self.processes)
         shutil.rmtree(self.plan.temp_dir, ignore_errors=True)
 
 
@@ -361,10 +387,11 @@ def supervise_ray(
         Path(spec.working_dir).mkdir(parents=True, exist_ok=True)
     cluster = Cluster(job_dir, spec, run_in)
     try:
-        return run_cluster(job_dir, spec, cluster, status, stop_requested)
+        end = run_cluster(job_dir, spec, cluster, status, stop_requested)
     finally:
-        stop_nodes(cluster.processes)
-        cluster.remove_temp_dir()
+        cluster.stop()
+    # Recorded once the cluster is gone: the job ends whole, as its pods would.
+    return finish(job_dir, status, *end)
 
 
 def run_cluster(
@@ -373,7 +400,8 @@ def run_cluster(
     cluster: Cluster,
     status: JobStatus,
     stop_requested: list[int],
-) -> JobStatus:
+) -> End:
+    """Start the cluster, submit, follow (``follow_job``): the job's end."""
     began = time.monotonic()
     deadline = began + START_TIMEOUT_SECONDS
     say(job_dir, f"starting a Ray cluster: a head and {spec.num_nodes} worker node(s)")
@@ -402,39 +430,37 @@ def run_cluster(
     except Exception as error:  # noqa: BLE001 - Ray's client errors, said in one line
         failure = f"cannot submit the Ray job: {type(error).__name__}: {error}"
     if failure == "stopped" or stop_requested:
-        return stopped(job_dir, status, stop_requested)
+        return stopped(stop_requested)
     if failure:
         say(job_dir, failure)
-        return finish(job_dir, status, FAILED, "StartError", failure)
+        return FAILED, "StartError", failure
     status.state, status.started_at = RUNNING, status.started_at or time.time()
     status.nodes = [NodeStatus(rank=0, pid=cluster.follower.pid, log=node_log(job_dir, 0).name)]
     write_status(job_dir, status)
     return follow_job(job_dir, cluster, status, stop_requested)
 
 
-def stopped(job_dir: Path, status: JobStatus, stop_requested: list[int]) -> JobStatus:
-    return finish(
-        job_dir, status, FAILED, "Stopped", f"stopped by {signal.Signals(stop_requested[0]).name}"
-    )
+def stopped(stop_requested: list[int]) -> End:
+    return FAILED, "Stopped", f"stopped by {signal.Signals(stop_requested[0]).name}"
 
 
 def follow_job(
     job_dir: Path, cluster: Cluster, status: JobStatus, stop_requested: list[int]
-) -> JobStatus:
+) -> End:
     """Poll the Ray job until it is terminal and its log has been followed to the end (the
     submitter finished), the head ends, or we are told to stop."""
     ended_at = None
     while True:
         if stop_requested:
-            return stopped(job_dir, status, stop_requested)
+            return stopped(stop_requested)
         job_status, message = cluster.job_state()
         if job_status in (SUCCEEDED, FAILED_JOB, STOPPED):
             ended_at = ended_at or time.monotonic()
             follower = cluster.follower
             if follower.poll() is not None or time.monotonic() - ended_at > FOLLOW_GRACE_SECONDS:
                 status.nodes[0].exit_code = follower.poll()
-                return finish(job_dir, status, *outcome(job_status, message))
+                return outcome(job_status, message)
         if failure := cluster.head_failure():
             say(job_dir, failure)
-            return finish(job_dir, status, FAILED, "HeadFailed", failure)
+            return FAILED, "HeadFailed", failure
         time.sleep(QUERY_SECONDS)

@@ -207,13 +207,14 @@ def test_our_trainer_runs_on_kubetrains_torch_whatever_your_path(user_venv, proj
 
 def test_kubetrain_run_runs_your_program_in_your_venv(user_venv, tmp_path):
     """`source myvenv/bin/activate; kubetrain run --script train.py -- torchrun train.py`:
-    the steps find kubetrain's python by path, the program runs on the user's venv."""
+    the steps find kubetrain's python by path, the program runs on the user's venv (one node:
+    every node gets the same PATH)."""
     folder = write_user_folder(
         tmp_path / "project", SAVES["state-dict"], after=f"import {USER_ONLY_MODULE}"
     )
     env = activated(user_venv, tmp_path / "jobs")
     result = kubetrain_by_path(
-        "run", "--output", str(tmp_path / "runs"), "--script", "train.py",
+        "run", "--output", str(tmp_path / "runs"), "--script", "train.py", "--nodes", "1",
         "--model", "netdef:build", "--threshold", "0.9", "--", "torchrun", "train.py",
         cwd=folder, env=env, timeout=300,
     )  # fmt: skip

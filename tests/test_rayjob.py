@@ -143,10 +143,11 @@ def test_a_shipped_script_is_mounted_and_the_entrypoint_runs_it_quoted(tmp_path)
     )  # fmt: skip
     assert configmap["kind"] == "ConfigMap" and job["kind"] == "RayJob"
     assert schema_errors(job, crd_schema()) == []
-    assert job["spec"]["entrypoint"] == (
+    inner = (
         "mkdir -p -- '/mnt/work dir' && cd -- '/mnt/work dir' && python /workspace/train.py "
         "--tag 'a b;rm -rf /'"
     )
+    assert job["spec"]["entrypoint"] == shlex.join(["sh", "-c", inner])
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["volumes"] == [{"name": "kubetrain-script", "configMap": {"name": "demo-script"}}]
 
@@ -543,12 +544,6 @@ SUBMITTER_LINE = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kubetrain/render/rayjob.py entrypoint() returns spec.ray_entrypoint, whose '&&' "
-    "(working folder) KubeRay's submitter bash runs itself: it must return "
-    "shlex.join(['sh', '-c', spec.ray_entrypoint]) when spec.working_dir is set",
-)
 def test_the_entrypoint_survives_kuberays_submitter_shell(tmp_path):
     """The entrypoint passes two shells: the submitter's bash, where KubeRay pastes it, then
     Ray's; the job's command must run whole, in its working folder."""

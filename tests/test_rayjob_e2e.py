@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 from safetensors.torch import load_file
 
 from kubetrain.cli import main as kubetrain_main
@@ -57,12 +56,6 @@ print("DRIVER-RESULT", result.checkpoint.path)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the entrypoint's working folder ('mkdir -p -- DIR && cd -- DIR && ...') is split by "
-    "KubeRay's submitter bash: see test_rayjob.py test_the_entrypoint_survives_kuberays_"
-    "submitter_shell",
-)
 def test_a_ray_train_script_runs_through_launch_wait_logs_collect_delete(
     kuberay_cluster,  # noqa: F811
     tmp_path,

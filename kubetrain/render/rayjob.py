@@ -52,6 +52,7 @@ Read at KubeRay v1.7.0 (``ray-operator/apis/ray/v1/rayjob_types.go``, ``rayclust
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
 from kubetrain import rules
@@ -196,11 +197,18 @@ def check_rayjob_spec(spec: TrainJobSpec) -> None:
 
 
 def entrypoint(spec: TrainJobSpec) -> str:
-    """``spec.ray_entrypoint`` with a shipped script's mention pointing where it is mounted."""
+    """``spec.ray_entrypoint`` with a shipped script's mention pointing where it is mounted,
+    made to pass two shells whole: KubeRay v1.7.0 pastes a K8sJobMode entrypoint into the
+    submitter's bash line (``common/job.go`` ``BuildJobSubmitCommand``: ``ray job submit ... --
+    <entrypoint>``), whose words ``ray job submit`` joins again (ray 2.60
+    ``dashboard/modules/job/cli.py``: ``shlex.join(entrypoint)``) for Ray's own shell. The
+    plain program's quoted words survive that as they are; the working folder's ``&&`` would
+    be run by the submitter's bash, so that line goes to Ray as ``sh -c LINE``."""
     if spec.script:
         command, args = command_with_mounted_script(spec)
         spec = dataclasses.replace(spec, command=tuple(command), args=tuple(args))
-    return spec.ray_entrypoint
+    line = spec.ray_entrypoint
+    return shlex.join(["sh", "-c", line]) if spec.working_dir else line
 
 
 def worker_start_params(spec: TrainJobSpec) -> dict[str, str]:

@@ -14,13 +14,15 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # torch comes from the base image (its CUDA build satisfies the `train` extra's torch>=2.6, so
-# pip keeps it); the extra adds numpy, scikit-learn, safetensors and matplotlib.
+# pip keeps it); the extra adds numpy, scikit-learn, safetensors and matplotlib. The `ray`
+# extra (ray[default,train]==2.60.0) lets the same image run a KubeRay RayJob's head and worker
+# pods (`--backend rayjob`: KubeRay runs `ray start` in them) and `python -m kubetrain.train.ray`.
 COPY pyproject.toml README.md /tmp/kubetrain/
 COPY kubetrain /tmp/kubetrain/kubetrain
 COPY components /tmp/kubetrain/components
 COPY pipelines /tmp/kubetrain/pipelines
-RUN python -m pip install "/tmp/kubetrain[train]" \
-    && python -c "import kubetrain.train, torch; print('kubetrain on torch', torch.__version__)" \
+RUN python -m pip install "/tmp/kubetrain[train,ray]" \
+    && python -c "import kubetrain.train, torch, ray; print('kubetrain on torch', torch.__version__, 'ray', ray.__version__)" \
     && rm -rf /tmp/kubetrain
 
 # A fixed numeric uid/gid, matching the runtimes' securityContext (runAsUser/fsGroup 10001),

@@ -1,8 +1,8 @@
 # kubetrain: `make run` runs the whole pipeline on this machine, `make test` runs the tests.
 # Both set up .venv first: torch pinned to the CPU build torch==2.13.0 first, then DeepSpeed
 # built against it (an sdist: --no-build-isolation, else its build pulls a CUDA torch), then
-# '.[dev]' (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib, and
-# '.[deepspeed]'). DeepSpeed's CPU shared-memory op is built once here (g++ and ninja, ~30 s),
+# '.[dev]' (which pulls '.[train]': torch, numpy, scikit-learn, safetensors, matplotlib,
+# '.[deepspeed]' and '.[ray]': ray[default,train]==2.60.0 for --launcher ray / --backend rayjob). DeepSpeed's CPU shared-memory op is built once here (g++ and ninja, ~30 s),
 # into .venv/torch_extensions with the venv's ninja (conftest.py points the tests at both).
 
 PYTHON ?= python3

@@ -129,8 +129,12 @@ class PlainReporter:
         )
 
     def line(self, text: str) -> None:
-        print(terminal_text(text), flush=True)  # a checkpoint path may hold any character
+        self.write(terminal_text(text))  # a checkpoint path may hold any character
         self._last_line = time.monotonic()
+
+    def write(self, text: str) -> None:
+        """Where a line goes: this process's stdout (a Ray Train worker sends it elsewhere)."""
+        print(text, flush=True)
 
     def close(self) -> None:
         pass

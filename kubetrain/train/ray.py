@@ -34,7 +34,6 @@ import os
 import shutil
 import sys
 import threading
-import time
 from datetime import datetime
 from typing import Any
 
@@ -119,9 +118,8 @@ class RelayReporter(PlainReporter):
         super().__init__(world_size)
         self._lines = lines
 
-    def line(self, text: str) -> None:
+    def write(self, text: str) -> None:
         self._lines.put(text)
-        self._last_line = time.monotonic()
 
 
 def _link_or_copy(source: str, target: str) -> None:

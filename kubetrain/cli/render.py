@@ -238,24 +238,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_pytorchjob(args: argparse.Namespace) -> int:
-    from kubetrain.errors import InvalidInput
-
-    if args.backend != "pytorchjob":
-        raise InvalidInput(
-            "--backend",
-            f"{args.backend!r} is not a PyTorchJob",
-            f"drop --backend, or use `kubetrain render trainjob --backend {args.backend}`",
-        )
-    return _print_documents(render_documents(args))
+    return _run_one_kind(args, "pytorchjob", "a PyTorchJob")
 
 
 def run_rayjob(args: argparse.Namespace) -> int:
+    return _run_one_kind(args, "rayjob", "a RayJob")
+
+
+def _run_one_kind(args: argparse.Namespace, backend: str, kind: str) -> int:
+    """`render pytorchjob|rayjob`: only the backend that renders that kind."""
     from kubetrain.errors import InvalidInput
 
-    if args.backend != "rayjob":
+    if args.backend != backend:
         raise InvalidInput(
             "--backend",
-            f"{args.backend!r} is not a RayJob",
+            f"{args.backend!r} is not {kind}",
             f"drop --backend, or use `kubetrain render trainjob --backend {args.backend}`",
         )
     return _print_documents(render_documents(args))

@@ -197,6 +197,13 @@ _STARTER_REFUSALS = {
 }
 
 
+def refuse_rank_starter(program: list[str], launcher: str, field: str = "command") -> None:
+    """A program that starts ranks itself, refused under a launcher that starts them too (mpi:
+    mpirun; ray: Ray Train), in one line naming ``field`` as the face calls it."""
+    if launcher in _STARTER_REFUSALS and (starter := rank_starter(program)):
+        raise InvalidInput(field, *_STARTER_REFUSALS[launcher](starter))
+
+
 def rank_starter(program: list[str]) -> str:
     """The launcher ``program`` runs, when it is one that starts ranks itself (directly, as a
     Python module, or behind ``env [VAR=value...]``); empty when it is one rank's program."""
@@ -212,8 +219,9 @@ def rank_starter(program: list[str]) -> str:
         return name
     if name.startswith("python"):  # its options up to the script or -m MODULE
         for option, following in zip(words[1:], [*words[2:], ""], strict=True):
-            if option == "-m":
-                return f"python -m {following}" if following in LAUNCHER_MODULES else ""
+            module = following if option == "-m" else option[2:] if option[:2] == "-m" else ""
+            if module:  # `-m MODULE`, or glued as Python takes it too: `-mMODULE`
+                return f"python -m {module}" if module in LAUNCHER_MODULES else ""
             if not option.startswith("-"):
                 break
     return ""
@@ -442,8 +450,7 @@ class TrainJobSpec:
         _refuse_nul(self.command, "command")
         _refuse_nul(self.args, "command")
         rules.one_of(self.launcher, "launcher", rules.LAUNCHERS, rules.LAUNCHER_FIX)
-        if self.launcher != "torchrun" and (starter := rank_starter([*self.command, *self.args])):
-            raise InvalidInput("command", *_STARTER_REFUSALS[self.launcher](starter))
+        refuse_rank_starter([*self.command, *self.args], self.launcher)
         rules.image_reference(self.image, "image")
         rules.whole_number(self.num_nodes, "nodes", 1)
         rules.whole_number(self.procs_per_node, "procs_per_node", 1)

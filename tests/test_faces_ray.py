@@ -193,3 +193,21 @@ def test_a_spec_made_without_launch_is_refused_too():
     ):  # fmt: skip
         with pytest.raises(InvalidInput, match=re.escape(message)):
             spec.validate()
+
+
+@pytest.mark.parametrize(
+    ("program", "starter"),
+    [
+        (["python", "-m", "torch.distributed.run", "t.py"], "python -m torch.distributed.run"),
+        (["python", "-mtorch.distributed.run", "t.py"], "python -m torch.distributed.run"),
+        (["python3", "-u", "-mdeepspeed.launcher.runner"], "python -m deepspeed.launcher.runner"),
+        (["python", "-mmy_ray_driver"], ""),
+        (["python", "-m", "my_ray_driver"], ""),
+        (["python", "train.py", "-mtorch.distributed.run"], ""),  # the script's own argument
+    ],
+)
+def test_a_module_glued_to_dash_m_is_read_as_python_reads_it(program, starter):
+    """`python -mMODULE` runs MODULE as `python -m MODULE` does (hostile review, issue 31)."""
+    from kubetrain.jobspec import rank_starter
+
+    assert rank_starter(program) == starter

@@ -250,6 +250,8 @@ def validate_arguments(args: argparse.Namespace) -> None:
     from kubetrain.components.dataset_prep.prep import check_source
     from kubetrain.components.evaluate_model.evaluate import validate_threshold
     from kubetrain.components.launch_trainjob.launch import check_model_imports
+    from kubetrain.jobspec import refuse_rank_starter
+    from kubetrain.render import launcher_for
 
     for parameter, dest, option in CHECKED:
         check_value(parameter, getattr(args, dest), option)
@@ -261,6 +263,8 @@ def validate_arguments(args: argparse.Namespace) -> None:
         "gpu": 0,  # `kubetrain run`'s nodes ask for none
     }
     check_launcher(launch_values, lambda name: "--" + name.replace("_", "-"))
+    if command := program(args):
+        refuse_rank_starter(command, launcher_for(args.launcher, args.backend), "command")
     elastic_values = {**launch_values, "nodes": args.nodes, "strategy": args.strategy}
     check_elastic_values(
         elastic_values, lambda name: "--" + name.replace("_", "-"), own_program=bool(program(args))

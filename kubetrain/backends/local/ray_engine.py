@@ -23,8 +23,10 @@ started by this interpreter's Ray with the job's environment (``supervisor.base_
 job's folder (the driver runs in the head raylet's working directory); it waits until all
 ``num_nodes + 1`` nodes are alive in the GCS, submits the entrypoint with
 ``JobSubmissionClient`` (the entrypoint exactly as ``spec.ray_entrypoint`` gives it: here no
-submitter shell parses it first), follows it with ``ray job logs --follow`` into node 0's log
-(what `kubetrain wait`/`logs` stream) and maps the Ray job's end to the job's (``outcome``).
+submitter shell parses it first), follows it into node 0's log (what `kubetrain wait`/`logs`
+stream) as ``ray job logs --follow`` does, through Ray's SDK (``ray_follow``: the driver's
+lines once, without the CLI's banners and its repeat of them), and maps the Ray job's end to the
+job's (``ray_job_end``), said in one line there.
 Every Ray process (GCS, raylets, dashboard and its agents, workers, the driver) is below the
 supervisor, a child subreaper, and carries the job's identity: the cluster is stopped with
 the job's processes (never with `ray stop`, which ends every Ray of this user here).
@@ -39,6 +41,7 @@ workers join the head at the address the head registered (``head_address``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -90,6 +93,10 @@ ERROR_FILES_NOTE = re.compile(r"\s+Last \d+ lines of error files:$")
 PORT_TAKEN = "Address already in use"
 #: How long the log follower may go on once Ray says the job ended (its last lines).
 FOLLOW_GRACE_SECONDS = 10.0
+#: The module that follows a Ray job's log into node 0's log.
+FOLLOWER = "kubetrain.backends.local.ray_follow"
+#: Where the follower's Ray client logs (its stderr): not the driver's output.
+FOLLOWER_LOG = "ray-follow.log"
 #: The environment a Ray client reads its auth settings from (token auth, Ray 2.52+).
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -195,11 +202,8 @@ def worker_params(
 
 def node_env(spec: TrainJobSpec, gcs_address: str) -> dict[str, str]:
     """A Ray node's environment: the job's (``base_env``: the spec's env, its identity), and
-    RAY_ADDRESS as KubeRay sets it unless the spec does."""
-    env = base_env(spec)
-    if "RAY_ADDRESS" not in spec.env:
-        env["RAY_ADDRESS"] = gcs_address
-    return env
+    RAY_ADDRESS as KubeRay sets it (launch refuses it in the spec, ``check_ray_env``)."""
+    return {**base_env(spec), "RAY_ADDRESS": gcs_address}
 
 
 def entrypoint(spec: TrainJobSpec) -> str:
@@ -223,6 +227,19 @@ def outcome(job_status: str, message: str) -> End:
     if job_status == STOPPED:
         return FAILED, "Stopped", f"the Ray job was stopped{': ' + first if first else ''}"
     return FAILED, "AppFailed", first or f"the Ray job ended {job_status}"
+
+
+def ray_job_end(status: JobStatus, info) -> End:  # noqa: ANN001 - ray's JobDetails, lazily
+    """The job's end from Ray's record of its ended Ray job (``JobDetails``), node 0 (the
+    driver, whose output is its log) given the driver's exit code, so that `kubetrain wait`
+    exits with it as with a failed torchrun node's: Ray records it for an entrypoint that
+    exited (ray 2.60 ``job_supervisor.py`` ``JobSupervisor.run``, ``driver_exit_code``), none
+    for a stopped one or one that did not start (wait exits 1 then)."""
+    state, reason, message = outcome(str(info.status.value), info.message or "")
+    status.nodes[0].exit_code = info.driver_exit_code
+    if state == FAILED:
+        status.failed_rank = 0
+    return state, reason, message
 
 
 def start_error(log: Path) -> str:
@@ -258,15 +275,20 @@ class Cluster:
         started = [self.head, *self.workers, self.follower]
         return [proc for proc in started if proc is not None]
 
-    def start(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-        with open(log, "ab") as output:
+    def start(
+        self, argv: list[str], env: dict[str, str], log: Path, errors: Path | None = None
+    ) -> subprocess.Popen:
+        """Start one process of the cluster, its output appended to ``log`` (its stderr to
+        ``errors`` when given)."""
+        to_errors = open(errors, "ab") if errors else contextlib.nullcontext(subprocess.STDOUT)
+        with open(log, "ab") as output, to_errors as error_output:
             return owned_processes.start(
                 argv,
                 env=env,
                 cwd=self.run_in,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
-                stderr=subprocess.STDOUT,
+                stderr=error_output,
             )
 
     def start_head(self) -> None:
@@ -314,24 +336,32 @@ class Cluster:
         """Submit the entrypoint as the Ray job named after ours (the submitter's
         ``--submission-id``), then follow it into node 0's log as the submitter does."""
         self.client().submit_job(entrypoint=entrypoint(self.spec), submission_id=self.spec.name)
-        follow = [*ray_cli(), "job", "logs", "--address", self.plan.dashboard_url, "--follow"]
+        follow = [sys.executable, "-m", FOLLOWER, self.plan.dashboard_url, self.spec.name]
         env = node_env(self.spec, f"127.0.0.1:{self.plan.gcs_port}")
-        self.follower = self.start([*follow, self.spec.name], env, node_log(self.job_dir, 0))
+        log, client_log = node_log(self.job_dir, 0), self.job_dir / FOLLOWER_LOG
+        self.follower = self.start(follow, env, log, errors=client_log)
 
-    def job_state(self) -> tuple[str, str]:
-        """(Ray's status of the job, its message); ("", "") when the dashboard does not answer."""
+    def job_info(self):  # noqa: ANN201 - ray's JobDetails, imported lazily
+        """Ray's record of the Ray job; None when the dashboard does not answer."""
         try:
-            info = self.client().get_job_info(self.spec.name)
+            return self.client().get_job_info(self.spec.name)
         except Exception:  # noqa: BLE001 - a dashboard that does not answer is polled again
-            return "", ""
-        return str(info.status.value), info.message or ""
+            return None
+
+    def stop_follower(self) -> None:
+        """End the log's follower (gone already when Ray closed the log)."""
+        if self.follower is not None and self.follower.poll() is None:
+            self.follower.kill()
+            self.follower.wait()
 
     def stop(self) -> None:
         """Stop every process of the cluster and remove its temp folder. The ``ray start
         --block`` monitors are killed first: on SIGTERM each drains its node for up to 30 s
         (ray 2.60 ``_private/node.py`` ``Node._drain_node_before_shutdown``, ~666), its GCS
         already going; what they started gets the job's stop, SIGTERM then SIGKILL
-        (``supervisor.stop_nodes``)."""
+        (``supervisor.stop_nodes``). The log's follower goes first: it would otherwise say
+        that it lost the log as the cluster goes."""
+        self.stop_follower()
         for monitor in (self.head, *self.workers):
             if monitor is not None and monitor.poll() is None:
                 monitor.kill()
@@ -453,13 +483,16 @@ def follow_job(
     while True:
         if stop_requested:
             return stopped(stop_requested)
-        job_status, message = cluster.job_state()
+        info = cluster.job_info()
+        job_status = str(info.status.value) if info is not None else ""
         if job_status in (SUCCEEDED, FAILED_JOB, STOPPED):
             ended_at = ended_at or time.monotonic()
             follower = cluster.follower
             if follower.poll() is not None or time.monotonic() - ended_at > FOLLOW_GRACE_SECONDS:
-                status.nodes[0].exit_code = follower.poll()
-                return outcome(job_status, message)
+                cluster.stop_follower()  # its last lines written: the end line comes after
+                state, reason, message = ray_job_end(status, info)
+                say(job_dir, f"Ray job {cluster.spec.name} {job_status} ({reason}): {message}")
+                return state, reason, message
         if failure := cluster.head_failure():
             say(job_dir, failure)
             return FAILED, "HeadFailed", failure

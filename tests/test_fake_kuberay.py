@@ -1,9 +1,9 @@
 """The fake KubeRay operator (tests/support/fake_kuberay.py, KubeRay v1.7.0): its rules at unit
 level (names, ``ray start`` and ``ray job submit`` commands, validation, status transitions),
-through the emulated API server with the real ``kubernetes`` client (validation, suspend,
-deletion), and one real end to end run: a RayJob in KubeRay's sample style trains a Ray Train
-``TorchTrainer`` on a local Ray cluster, checked against Ray's own JobSubmissionClient and
-``ray.train.Result``.
+and through the emulated API server with the real ``kubernetes`` client (validation, suspend,
+deletion, a Ray container that exits). Its one real Ray Train run (K8sJobMode end to end,
+checked against Ray's own JobSubmissionClient and ``ray.train.Result``, the RayCluster deleted
+after ttlSecondsAfterFinished) is tests/test_rayjob_e2e.py's, through `kubetrain`.
 
 ``kuberay_cluster`` is the fixture other tests use (as ``operator_cluster`` in
 test_pytorchjob.py): the emulator with the fake operator, KUBECONFIG pointing at it; it fails a
@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes.client
@@ -85,42 +84,6 @@ spec:
                   limits:
                     cpu: "1"
                     memory: "1Gi"
-"""
-#: A tiny Ray Train program: 2 gloo workers, 1 epoch of a linear model, rank 0 reports a
-#: checkpoint under $KUBETRAIN_CHECKPOINT_DIR (the pods' env: the driver's on the head, the
-#: workers' on the worker nodes).
-TRAIN = """
-import os, tempfile
-import torch
-import ray.train
-from ray.train import Checkpoint, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer, prepare_model
-
-
-def loop(config):
-    print("worker sees KUBETRAIN_CHECKPOINT_DIR=" + os.environ["KUBETRAIN_CHECKPOINT_DIR"])
-    model = prepare_model(torch.nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(32, 4)
-    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    with tempfile.TemporaryDirectory() as folder:
-        checkpoint = None
-        if ray.train.get_context().get_world_rank() == 0:
-            torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
-            checkpoint = Checkpoint.from_directory(folder)
-        ray.train.report({"loss": loss.item()}, checkpoint=checkpoint)
-
-
-trainer = TorchTrainer(
-    loop,
-    scaling_config=ScalingConfig(num_workers=2),
-    run_config=RunConfig(name="tiny", storage_path=os.environ["KUBETRAIN_CHECKPOINT_DIR"]),
-)
-result = trainer.fit()
-print("DRIVER-RESULT", result.checkpoint.path)
 """
 
 
@@ -509,85 +472,3 @@ def test_a_ray_container_that_exits_restarts_in_place_and_its_pod_is_remade_unde
     first = wait_for(lambda: heads("never"), 10)[0].metadata.name
     wait_for(lambda: [p for p in heads("never") if p.metadata.name != first], 60)
     assert len(heads("always")) == 1
-
-
-# ------------------------------------------------------------------------------- end to end
-def test_a_rayjob_trains_a_torch_trainer_on_a_real_local_ray_cluster(kuberay_cluster, tmp_path):
-    """K8sJobMode end to end: cluster ready, submitter Job, Ray job SUCCEEDED, Complete; Ray's
-    own JobSubmissionClient sees the job the submitter submitted; the driver's output is the
-    submitter pod's log; the checkpoint is Ray Train's; after ttlSecondsAfterFinished the
-    RayCluster goes and every Ray process with it, the submitter Job and its log stay."""
-    from ray.job_submission import JobSubmissionClient
-    from ray.train import Result
-
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    checkpoints = tmp_path / "checkpoints"
-    body = sample("tiny-train", entrypoint=f"python {script}")
-    env = [{"name": "KUBETRAIN_CHECKPOINT_DIR", "value": str(checkpoints)}]
-    cluster_spec = body["spec"]["rayClusterSpec"]
-    for group in [cluster_spec["headGroupSpec"], *cluster_spec["workerGroupSpecs"]]:
-        group["template"]["spec"]["containers"][0]["env"] = env
-    operator, emulator = kuberay_cluster.operator, kuberay_cluster.emulator
-    custom(kuberay_cluster).create_namespaced_custom_object(
-        GROUP, VERSION, "default", "rayjobs", body
-    )
-    seen: list[tuple[str, str]] = []
-
-    def observed() -> dict[str, Any]:
-        status = status_of(kuberay_cluster, "tiny-train")
-        state = (status.get("jobDeploymentStatus", ""), status.get("jobStatus", ""))
-        if not seen or seen[-1] != state:
-            seen.append(state)
-        return status
-
-    def running() -> dict[str, Any] | None:
-        status = observed()
-        return status if status.get("jobDeploymentStatus") == "Running" else None
-
-    status = wait_for(running, 240, step=0.2)
-    cluster_name, job_id = status["rayClusterName"], status["jobId"]
-    assert status["dashboardURL"] == f"{cluster_name}-head-svc.default.svc.cluster.local:8265"
-    assert get(kuberay_cluster, "rayclusters", cluster_name)["status"]["state"] == "ready"
-    pods = emulator.list("pods")
-    groups = sorted(p["metadata"]["labels"].get("ray.io/group", "") for p in pods)
-    assert groups == ["", "headgroup", "small-group", "small-group"]  # "": the submitter's
-    client = JobSubmissionClient(operator.dashboard_url(cluster_name))
-
-    def submitted() -> Any:
-        try:
-            return client.get_job_info(job_id)
-        except RuntimeError:  # 404 until the submitter's `ray job submit` has run
-            return None
-
-    info = wait_for(submitted, 60, step=0.5)
-    assert info.submission_id == job_id and info.entrypoint == f"python {script}"
-
-    def finished() -> dict[str, Any] | None:
-        status = observed()
-        return status if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
-
-    status = wait_for(finished, 240, step=0.2)
-    assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Complete", "SUCCEEDED")
-    assert client.get_job_info(job_id).status == "SUCCEEDED"
-    assert status["endTime"] >= status["startTime"] and status["rayJobInfo"]["endTime"]
-    assert seen[-1] == ("Complete", "SUCCEEDED") and ("Running", "RUNNING") in seen
-    assert seen.index(("Initializing", "")) < seen.index(("Running", ""))
-    core = kubernetes.client.CoreV1Api(kuberay_cluster.api_client)
-    (submitter,) = core.list_namespaced_pod("default", label_selector="job-name=tiny-train").items
-    log = core.read_namespaced_pod_log(submitter.metadata.name, "default")
-    (line,) = [line for line in log.splitlines() if line.startswith("DRIVER-RESULT")]
-    assert f"worker sees KUBETRAIN_CHECKPOINT_DIR={checkpoints}" in log
-    checkpoint = Path(line.split()[1])
-    assert checkpoint.parent == checkpoints / "tiny" and (checkpoint / "model.pt").is_file()
-    assert Result.from_path(str(checkpoints / "tiny")).checkpoint.path == str(checkpoint)
-    # ttlSecondsAfterFinished later the RayCluster is deleted; the submitter Job stays.
-    wait_for(lambda: get(kuberay_cluster, "rayclusters", cluster_name) is None, 15)
-    wait_for(lambda: [p["metadata"]["name"] for p in emulator.list("pods")] == [
-        submitter.metadata.name
-    ], 15)  # fmt: skip
-    wait_for(lambda: not ray_processes(operator.temp_dirs), 30)
-    job = emulator.get("jobs", "tiny-train")
-    assert job["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
-    assert job["status"]["succeeded"] == 1 and "tiny-train-head-svc" in emulator.names("services")
-    assert "DRIVER-RESULT" in core.read_namespaced_pod_log(submitter.metadata.name, "default")

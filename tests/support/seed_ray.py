@@ -21,7 +21,7 @@ from tests.support.seed_script import NETDEF
 #: The run's name under the storage path (RunConfig(name=...)): collect reads
 #: ``KUBETRAIN_CHECKPOINT_DIR``, whose ``RUN_NAME/`` holds the checkpoints and Ray's record.
 RUN_NAME = "digits"
-EPOCHS = 5
+EPOCHS = 3
 KEEP = 2
 
 #: {num_workers}: ScalingConfig's workers (nodes x processes per node of the job).

@@ -204,3 +204,17 @@ def test_the_followers_stderr_is_kept_apart_from_node_0s_log(tmp_path):
     log, errors = tmp_path / "node-0.log", tmp_path / ray_engine.FOLLOWER_LOG
     assert cluster.start([sys.executable, "-c", speaks], {}, log, errors=errors).wait() == 0
     assert log.read_text() == "driver\n" and errors.read_text() == "INFO sdk.py\n"
+
+
+def test_a_traceback_as_rays_message_is_said_by_its_exception():
+    """Ray's message for an entrypoint it could not start is a traceback: the job's message is
+    its last line, the exception, not 'Traceback (most recent call last):'."""
+    message = (
+        'Traceback (most recent call last):\n  File "job_supervisor.py", line 1, in run\n'
+        "FileNotFoundError: [Errno 2] No such file or directory: 'nope'"
+    )
+    assert ray_engine.outcome("FAILED", message) == (
+        "Failed",
+        "AppFailed",
+        "FileNotFoundError: [Errno 2] No such file or directory: 'nope'",
+    )

@@ -219,8 +219,12 @@ def outcome(job_status: str, message: str) -> End:
     (``rayjob_controller.go`` ~340-348); a STOPPED Ray job (`ray job stop`) did not finish its
     training, so here it fails the job (reason Stopped) rather than let collect take a partial
     run. Ray's message of a failed entrypoint goes on with the driver's last log lines, which
-    node 0's log holds: the message is what comes before them."""
-    first = message.strip().splitlines()[0] if message.strip() else ""
+    node 0's log holds: the message is what comes before them. A message that is a Python
+    traceback (Ray could not start the entrypoint) is said by its last line, the exception."""
+    lines = message.strip().splitlines()
+    first = lines[0] if lines else ""
+    if first.startswith("Traceback (most recent call last)"):
+        first = lines[-1]
     first = first.split(LOGS_IN_MESSAGE)[0]
     if job_status == SUCCEEDED:
         return COMPLETE, "Completed", first or "the Ray job succeeded"

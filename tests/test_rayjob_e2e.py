@@ -121,7 +121,7 @@ def test_a_users_ray_train_script_runs_through_launch_wait_collect_evaluate_logs
         assert submitter["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
         assert submitter["status"]["succeeded"] == 1
         assert f"{JOB}-head-svc" in emulator.names("services")
-        assert kubetrain_main(["logs", "--backend", "rayjob", JOB]) == 0
+        assert kubetrain_main(["logs", "--backend", "rayjob", "--follow", JOB]) == 0
         assert trained in capsys.readouterr().out.splitlines()
 
         # delete asks for the RayJob's deletion; KubeRay's finalizer then lets it and the

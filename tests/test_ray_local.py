@@ -336,6 +336,12 @@ def test_a_users_ray_train_script_trains_collects_and_evaluates(
                            timeout=420)  # fmt: skip
     temp_dir = read_record(job_dir / ray_engine.RECORD)["temp_dir"]
     assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-3000:]
+    assert "cli.py" not in waited.stdout and "sdk.py" not in waited.stdout  # no Ray CLI banners
+    assert (
+        "kubetrain: Ray job ray-seed SUCCEEDED (Completed): Job finished successfully."
+        in waited.stdout
+    )
+    assert LocalBackend().status("ray-seed").nodes[0].exit_code == 0
     assert f"epoch {seed_ray.EPOCHS} loss" in waited.stdout
     assert "Ray cluster up in" in waited.stdout
     assert not wait_for_no_process(job_id, temp_dir), "the cluster ends with the job"

@@ -124,11 +124,11 @@ def test_a_users_ray_train_script_runs_through_launch_wait_collect_evaluate_logs
         assert kubetrain_main(["logs", "--backend", "rayjob", "--follow", JOB]) == 0
         assert trained in capsys.readouterr().out.splitlines()
 
-        # delete asks for the RayJob's deletion; KubeRay's finalizer then lets it and the
-        # submitter Job go (the fake misses that event once its RayJob thread has ended after
-        # the TTL: tests/support/fake_kuberay.py FakeKubeRay._dispatch starts no new run)
+        # delete: KubeRay's finalizer lets the RayJob go, and the garbage collector its
+        # submitter Job and that Job's pod
         assert kubetrain_main(["delete", "--backend", "rayjob", JOB]) == 0
-        assert emulator.get("rayjobs", JOB)["metadata"]["deletionTimestamp"]
+        wait_for(lambda: emulator.get("rayjobs", JOB) is None, 30)
+        wait_for(lambda: emulator.get("jobs", JOB) is None, 30)
 
     used = {(use.verb, use.resource) for use in (use_of(*request) for request in sent)}
     assert {("create", "rayjobs"), ("get", "pods/log"), ("delete", "rayjobs")} <= used, used

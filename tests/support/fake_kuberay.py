@@ -1766,7 +1766,9 @@ class FakeKubeRay(FakeController):
                 if run is not None and run.uid == meta["uid"]:
                     self.runs.pop(key).stop()
                 continue
-            if run is None or run.uid != meta["uid"]:
+            # KubeRay reconciles on every event: a RayJob whose run ended (its cluster gone
+            # after the TTL) is reconciled again, e.g. to let its finalizer go on deletion
+            if run is None or run.uid != meta["uid"] or not run.is_alive():
                 kind = _RayJobRun if plural == "rayjobs" else _ClusterRun
                 self.runs[key] = kind(self, event["object"])
                 self.runs[key].start()

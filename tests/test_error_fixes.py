@@ -77,6 +77,11 @@ ALLOWED = {
         "own line, then the command), or the fallback run gives it, which ends the same way; "
         "test_a_failed_run_ends_with_the_command_to_see_more checks both"
     ),
+    ("kubetrain.train.ray", "worker_failure", "rank {rank}: {line}"): (
+        "a Ray Train worker's own failure line (errors.failure_line: an error of ours with its "
+        "fix, describe()'s path and fix, or an internal error's `please report it`), prefixed "
+        "with the rank it came from"
+    ),
 }
 #: (module, function, words of the message as written) -> the error line without a fix, in
 #: a module another session owns (issue 28); each goes once its line says what to do.

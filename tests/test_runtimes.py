@@ -273,6 +273,11 @@ EXPECTED_ROLE_RULES = [
         "verbs": ["create", "get", "list", "watch", "patch", "delete"],
     },
     {
+        "apiGroups": ["ray.io"],
+        "resources": ["rayjobs"],
+        "verbs": ["create", "get", "list", "watch", "patch", "delete"],
+    },
+    {
         "apiGroups": ["trainer.kubeflow.org"],
         "resources": ["trainingruntimes"],
         "verbs": ["get", "list"],

@@ -129,12 +129,13 @@ class PlainReporter:
         )
 
     def line(self, text: str) -> None:
-        self.write(terminal_text(text))  # a checkpoint path may hold any character
+        self.write(text)
         self._last_line = time.monotonic()
 
     def write(self, text: str) -> None:
-        """Where a line goes: this process's stdout (a Ray Train worker sends it elsewhere)."""
-        print(text, flush=True)
+        """Where a line goes: this process's stdout, escaped (a checkpoint path may hold any
+        character); a Ray Train worker sends it to the driver, which escapes it there."""
+        print(terminal_text(text), flush=True)
 
     def close(self) -> None:
         pass

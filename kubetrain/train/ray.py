@@ -47,6 +47,9 @@ from kubetrain.train.progress import PlainReporter, Reporter, SilentReporter
 PROG = train_options.RAY_TRAINER_COMMAND[-1]
 #: Ray Train's run folder (``RunConfig(name)``) inside ``--checkpoint-dir``.
 RAY_RUN = "ray-train"
+#: The fix of a failure Ray reports itself (a worker's process died, a node was lost): its
+#: cause is in the logs Ray keeps on the cluster's nodes, not in the driver's output.
+SEE_RAY_LOGS = "see the Ray cluster's logs for the cause (`ray logs cluster` lists them)"
 #: Ray Train v2 (``ray/train/v2``; the default since Ray 2.51) is what this program is written
 #: against: ``CheckpointUploadMode.NO_UPLOAD`` and ``WorkerGroupError`` are v2's.
 RAY_TRAIN_V2 = "RAY_TRAIN_V2_ENABLED"
@@ -314,9 +317,11 @@ def job_failure(exc: Exception) -> KubetrainError:
     if failures:
         rank, failure = min(failures.items(), key=lambda item: item[0])
         first = (str(failure).strip().splitlines() or [""])[0]
-        return KubetrainError(f"Ray Train worker {rank} failed: {type(failure).__name__}: {first}")
+        return KubetrainError(
+            f"Ray Train worker {rank} failed: {type(failure).__name__}: {first}; {SEE_RAY_LOGS}"
+        )
     first = (str(exc).strip().splitlines() or [""])[0]
-    return KubetrainError(f"Ray Train failed: {type(exc).__name__}: {first}")
+    return KubetrainError(f"Ray Train failed: {type(exc).__name__}: {first}; {SEE_RAY_LOGS}")
 
 
 def run_job(args: argparse.Namespace, options: TrainOptions) -> None:
@@ -339,7 +344,8 @@ def run_job(args: argparse.Namespace, options: TrainOptions) -> None:
         ray.init(log_to_driver=False, logging_level=logging.WARNING)
     except ConnectionError as exc:
         raise KubetrainError(
-            f"cannot reach the Ray cluster at RAY_ADDRESS {address}: {exc}"
+            f"cannot reach the Ray cluster at RAY_ADDRESS {address}: {exc}; check that the "
+            f"cluster is up and RAY_ADDRESS is its address (`ray status --address {address}`)"
         ) from exc
     try:
         lines = Queue(actor_options={"num_cpus": 0})

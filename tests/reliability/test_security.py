@@ -17,7 +17,7 @@ import pickle
 import re
 import shutil
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +373,16 @@ SHELL_FUNCTIONS = {
 SUBPROCESS_FUNCTIONS = {
     f"subprocess.{name}" for name in ("run", "Popen", "call", "check_call", "check_output")
 }
+#: (file, the ``sh -c`` script as ``ast.unparse`` writes it) -> why that script, built at run
+#: time, is no command line from parameters.
+ALLOWED_SHELL_SCRIPTS = {
+    ("kubetrain/render/rayjob.py", "line"): (
+        "a RayJob's entrypoint is a shell line by Ray's and KubeRay's design (KubeRay pastes it "
+        "into its submitter's bash line, Ray's job_supervisor runs it with shell=True): "
+        "TrainJobSpec.ray_entrypoint shlex-quotes every word, and the `sh -c LINE` that keeps "
+        "its `&&` from the submitter's bash is shlex.join'ed (rayjob.entrypoint's docstring)"
+    ),
+}
 
 
 def shell_script_at(argv: list[Any]) -> int | None:
@@ -415,7 +425,11 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def shell_findings(source: str, filename: str = "<snippet>") -> list[str]:
+def shell_findings(
+    source: str,
+    filename: str = "<snippet>",
+    allowed: Mapping[tuple[str, str], str] = ALLOWED_SHELL_SCRIPTS,
+) -> list[str]:
     """Where Python code hands a shell a command line: shell=, os.system/popen and friends,
     subprocess given one string, or an argv list running ``sh -c`` on a script built at run
     time (a fixed script taking the parameters as "$@" is data-safe, like KFP's launcher)."""
@@ -451,7 +465,8 @@ def shell_findings(source: str, filename: str = "<snippet>") -> list[str]:
             fixed = (isinstance(script, ast.Constant) and isinstance(script.value, str)) or (
                 isinstance(script, ast.Name) and script.id in constants
             )
-            if at is not None and not fixed:
+            listed = script is not None and (filename, ast.unparse(script)) in allowed
+            if at is not None and not fixed and not listed:
                 findings.append(f"{where}: a shell -c script built at run time")
         if not isinstance(node, ast.Call):
             continue
@@ -524,6 +539,17 @@ def test_no_python_code_hands_a_shell_a_command_line(root: str) -> None:
         for finding in shell_findings(path.read_text(), str(path.relative_to(REPO)))
     ]
     assert findings == []
+
+
+def test_each_allowed_shell_script_is_still_there() -> None:
+    """An allowance names a ``sh -c`` script the scanner would find: once it goes, so does
+    the allowance."""
+    for filename, script in ALLOWED_SHELL_SCRIPTS:
+        source = (REPO / filename).read_text()
+        others = {
+            key: why for key, why in ALLOWED_SHELL_SCRIPTS.items() if key != (filename, script)
+        }
+        assert shell_findings(source, filename, others) != shell_findings(source, filename)
 
 
 def is_kfp_bootstrap(argv: Any) -> bool:

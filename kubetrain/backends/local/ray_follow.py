@@ -18,6 +18,8 @@ import asyncio
 import sys
 from typing import BinaryIO
 
+from kubetrain.errors import terminal_text
+
 
 async def follow(dashboard_url: str, submission_id: str, out: BinaryIO) -> None:
     from ray.job_submission import JobSubmissionClient
@@ -35,7 +37,11 @@ def main(argv: list[str]) -> int:
         asyncio.run(follow(dashboard_url, submission_id, sys.stdout.buffer))
     except Exception as error:  # noqa: BLE001 - any failure to follow, said in one line
         said = " ".join(str(error).split())
-        print(f"kubetrain: cannot follow the Ray job's log: {type(error).__name__}: {said}")
+        print(
+            terminal_text(
+                f"kubetrain: cannot follow the Ray job's log: {type(error).__name__}: {said}"
+            )
+        )
         return 1
     return 0
 

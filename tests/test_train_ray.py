@@ -184,6 +184,6 @@ def test_the_failure_shown_is_the_first_worker_that_failed_of_its_own_accord() -
     assert ray_program.job_failure(WorkerGroupError("...", failures)) is crossed
     died = WorkerGroupError("...", {1: RuntimeError("The actor died unexpectedly.\nmore")})
     assert str(ray_program.job_failure(died)) == (
-        "Ray Train worker 1 failed: RuntimeError: The actor died unexpectedly.; "
+        "Ray Train worker 1 failed: RuntimeError: The actor died unexpectedly; "
         + ray_program.SEE_RAY_LOGS
     )

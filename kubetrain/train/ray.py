@@ -316,11 +316,11 @@ def job_failure(exc: Exception) -> KubetrainError:
         return min(ours, key=lambda failure: (failure.lost_peer, failure.rank))
     if failures:
         rank, failure = min(failures.items(), key=lambda item: item[0])
-        first = (str(failure).strip().splitlines() or [""])[0]
+        first = (str(failure).strip().splitlines() or [""])[0].rstrip(".")
         return KubetrainError(
             f"Ray Train worker {rank} failed: {type(failure).__name__}: {first}; {SEE_RAY_LOGS}"
         )
-    first = (str(exc).strip().splitlines() or [""])[0]
+    first = (str(exc).strip().splitlines() or [""])[0].rstrip(".")
     return KubetrainError(f"Ray Train failed: {type(exc).__name__}: {first}; {SEE_RAY_LOGS}")
 
 

@@ -32,7 +32,8 @@ run: setup
 # Three pytest-xdist workers on two cores: most tests wait on processes they start
 # (torchrun, mpirun, the local runner's steps), and the cores were ~55% busy with two (user +
 # sys 16.5 of 2 x 15 min). Fresh clone, 2026-11-28: 14.0 min with three, against 14.7 min with
-# two before DeepSpeed's tests came. TEST_WORKERS=0 runs it in one process.
+# two before DeepSpeed's tests came; after issue 31 (real Ray clusters) 17.2 min with three,
+# 18.7 with four. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 
 test: setup

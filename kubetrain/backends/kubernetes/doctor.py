@@ -69,6 +69,44 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
     steps do not have); without the right to read the CRD, that the API is served."""
     import json
 
+    from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
+    from kubetrain.backends.kubernetes.launch import (
+        TrainingOperatorNotInstalled,
+        require_pytorchjob_api,
+    )
+
+    version = _served_v1_of_crd(
+        api_client, objects, namespace, "operator", PYTORCHJOB_CRD, "kubeflow.org/v1",
+        TrainingOperatorNotInstalled(), require_pytorchjob_api,
+        "Kubeflow Training Operator installed (PyTorchJobs are served; its CRD cannot be read, "
+        "so its version is unknown)",
+    )  # fmt: skip
+    if isinstance(version, Check):
+        return version
+    schema = json.dumps(version.get("schema") or {})
+    release = "1.9 or newer" if OPERATOR_19_FIELD in schema else "1.8 or older"
+    image = _operator_image(api_client)
+    found = f"; its Deployment runs {image}" if image else ""
+    return Check(
+        "operator",
+        True,
+        f"Kubeflow Training Operator installed: PyTorchJob CRD of release {release}{found}",
+    )
+
+
+def _served_v1_of_crd(
+    api_client,
+    objects,
+    namespace: str,
+    check: str,
+    crd_name: str,
+    group_version: str,
+    missing: Exception,
+    require_api,
+    served_unread: str,
+) -> dict | Check:
+    """The ``v1`` version of an operator's CRD ``crd_name``, or the Check to report instead:
+    the operator missing, or (without the right to read CRDs) whether its API is served."""
     from kubernetes.client import ApiextensionsV1Api
 
     from kubetrain.backends.kubernetes.client import (
@@ -78,45 +116,28 @@ def check_training_operator(api_client, objects, namespace: str) -> Check:
         answered_object,
         api_server,
     )
-    from kubetrain.backends.kubernetes.kinds import PYTORCHJOB_CRD
-    from kubetrain.backends.kubernetes.launch import (
-        TrainingOperatorNotInstalled,
-        require_pytorchjob_api,
-    )
 
-    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", PYTORCHJOB_CRD)
+    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", crd_name)
     api = ApiextensionsV1Api(api_client)
     try:
         response = objects.call(
-            action, api.read_custom_resource_definition, PYTORCHJOB_CRD, _preload_content=False
+            action, api.read_custom_resource_definition, crd_name, _preload_content=False
         )
-        server = api_server(api.read_custom_resource_definition)
-        crd = answered_object(response.data, action, server)
+        crd = answered_object(
+            response.data, action, api_server(api.read_custom_resource_definition)
+        )
     except NotFound:
-        return Check("operator", False, str(TrainingOperatorNotInstalled()))
+        return Check(check, False, str(missing))
     except PermissionDenied:
         try:
-            require_pytorchjob_api(objects, namespace)
+            require_api(objects, namespace)
         except KubetrainError as exc:
-            return Check("operator", False, str(exc))
-        return Check(
-            "operator",
-            True,
-            "Kubeflow Training Operator installed (PyTorchJobs are served; its CRD cannot be "
-            "read, so its version is unknown)",
-        )
+            return Check(check, False, str(exc))
+        return Check(check, True, served_unread)
     versions = [v for v in crd.get("spec", {}).get("versions") or [] if v.get("name") == "v1"]
     if not versions or not versions[0].get("served", True):
-        return Check("operator", False, f"the {PYTORCHJOB_CRD} CRD does not serve kubeflow.org/v1")
-    schema = json.dumps(versions[0].get("schema") or {})
-    release = "1.9 or newer" if OPERATOR_19_FIELD in schema else "1.8 or older"
-    image = _operator_image(api_client)
-    found = f"; its Deployment runs {image}" if image else ""
-    return Check(
-        "operator",
-        True,
-        f"Kubeflow Training Operator installed: PyTorchJob CRD of release {release}{found}",
-    )
+        return Check(check, False, f"the {crd_name} CRD does not serve {group_version}")
+    return versions[0]
 
 
 def _operator_image(api_client, *selectors: str) -> str:
@@ -158,43 +179,17 @@ def check_kuberay(api_client, objects, namespace: str) -> Check:
     """KubeRay's RayJob CRD serving ray.io/v1 (the API the rayjob backend renders), and its
     operator's image when the Deployment can be read (best effort, as for the Training
     Operator); without the right to read the CRD, that the API is served."""
-    from kubernetes.client import ApiextensionsV1Api
-
-    from kubetrain.backends.kubernetes.client import (
-        Action,
-        NotFound,
-        PermissionDenied,
-        answered_object,
-        api_server,
-    )
     from kubetrain.backends.kubernetes.kinds import RAYJOB_CRD
     from kubetrain.backends.kubernetes.launch import KubeRayNotInstalled, require_rayjob_api
 
-    action = Action("get", "customresourcedefinitions", "apiextensions.k8s.io", RAYJOB_CRD)
-    api = ApiextensionsV1Api(api_client)
-    try:
-        response = objects.call(
-            action, api.read_custom_resource_definition, RAYJOB_CRD, _preload_content=False
-        )
-        crd = answered_object(
-            response.data, action, api_server(api.read_custom_resource_definition)
-        )
-    except NotFound:
-        return Check("kuberay", False, str(KubeRayNotInstalled()))
-    except PermissionDenied:
-        try:
-            require_rayjob_api(objects, namespace)
-        except KubetrainError as exc:
-            return Check("kuberay", False, str(exc))
-        return Check(
-            "kuberay",
-            True,
-            "KubeRay installed (RayJobs are served; its CRD cannot be read, so its version "
-            "is unknown)",
-        )
-    versions = [v for v in crd.get("spec", {}).get("versions") or [] if v.get("name") == "v1"]
-    if not versions or not versions[0].get("served", True):
-        return Check("kuberay", False, f"the {RAYJOB_CRD} CRD does not serve ray.io/v1")
+    version = _served_v1_of_crd(
+        api_client, objects, namespace, "kuberay", RAYJOB_CRD, "ray.io/v1",
+        KubeRayNotInstalled(), require_rayjob_api,
+        "KubeRay installed (RayJobs are served; its CRD cannot be read, so its version is "
+        "unknown)",
+    )  # fmt: skip
+    if isinstance(version, Check):
+        return version
     image = _operator_image(api_client, *KUBERAY_SELECTORS)
     found = f"; its operator Deployment runs {image}" if image else ""
     return Check("kuberay", True, f"KubeRay installed: RayJob CRD serves ray.io/v1{found}")

@@ -1766,7 +1766,8 @@ class FakeKubeRay(FakeController):
                 if run is not None and run.uid == meta["uid"]:
                     self.runs.pop(key).stop()
                 continue
-            # KubeRay reconciles on every event: a RayJob whose run ended (its cluster gone
+            # KubeRay reconciles a RayJob on every event of it (v1.7.0 rayjob_controller.go
+            # SetupWithManager ~864: For(&rayv1.RayJob{})): one whose run ended (its cluster gone
             # after the TTL) is reconciled again, e.g. to let its finalizer go on deletion
             if run is None or run.uid != meta["uid"] or not run.is_alive():
                 kind = _RayJobRun if plural == "rayjobs" else _ClusterRun
